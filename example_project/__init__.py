@@ -1,0 +1,1 @@
+"""An example Django project that uses pgbus_workflows."""

@@ -1,0 +1,56 @@
+"""pgbus-workflows: durable multi-step workflows for Django, stored in PostgreSQL.
+
+Import the public API from here::
+
+    from pgbus_workflows import Workflow, OnException, step, removed_step
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .definitions import Job, OnException, fan_out, removed_step, step
+from .exceptions import (
+    AlreadyRunning,
+    ConfigurationError,
+    FanOutFailed,
+    InvalidTransition,
+    NotInStep,
+    NotOngoing,
+    NotPaused,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+    StepNotDefined,
+    StepStalled,
+    StepWaiting,
+    WaitTimedOut,
+    WorkflowError,
+)
+from .workflow import Workflow
+
+try:
+    __version__ = version("pgbus-workflows")
+except PackageNotFoundError:  # running from a checkout that is not installed
+    __version__ = "0.0.0"
+
+__all__ = [
+    "AlreadyRunning",
+    "ConfigurationError",
+    "FanOutFailed",
+    "InvalidTransition",
+    "Job",
+    "NotInStep",
+    "NotOngoing",
+    "NotPaused",
+    "OnException",
+    "PayloadNotSerializable",
+    "PayloadTooLarge",
+    "StepNotDefined",
+    "StepStalled",
+    "StepWaiting",
+    "WaitTimedOut",
+    "Workflow",
+    "WorkflowError",
+    "__version__",
+    "fan_out",
+    "removed_step",
+    "step",
+]

@@ -1,0 +1,28 @@
+"""The app configs: the default one autodiscovers ``workflows`` modules, the simple one does not."""
+
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class SimplePgbusWorkflowsConfig(AppConfig):
+    """pgbus_workflows without autodiscovery (register classes by importing them yourself)."""
+
+    name = "pgbus_workflows"
+    label = "pgbus_workflows"
+    verbose_name = _("Workflows")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401 - registers the system checks
+
+
+class PgbusWorkflowsConfig(SimplePgbusWorkflowsConfig):
+    """The default config: imports every installed app's ``workflows`` module."""
+
+    default = True
+
+    def ready(self) -> None:
+        super().ready()
+        from .registry import autodiscover
+
+        autodiscover()

@@ -1,0 +1,86 @@
+"""The app's settings: one object, read live from ``settings.PGBUS_WORKFLOWS``.
+
+Values are read on every access (never at import time), so ``override_settings`` works.
+Durations may be given as seconds or as ``timedelta``; they are always returned as
+``timedelta``. ``checks.py`` validates the whole dict with clear messages.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+
+#: Every key with its default. Durations are in seconds here.
+DEFAULTS: dict[str, Any] = {
+    "SWEEP_INTERVAL": 60,
+    "STALL_THRESHOLD": 3600,
+    "STALL_ACTION": "reattempt",
+    "RETENTION": 30 * 24 * 3600,
+    "WAITING_VISIBILITY_THRESHOLD": 24 * 3600,
+    "MAX_PAYLOAD_SIZE": 65536,
+    "DEFAULT_QUEUE": "workflows",
+    "POLL_INTERVAL": 1,
+    "HEARTBEAT_INTERVAL": 10,
+    "DISPATCHER_DEAD_AFTER": 60,
+    "NOTIFY_CHANNEL": "pgbus_workflows",
+    "AUTODISCOVER_MODULE": "workflows",
+}
+
+#: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` (keep forever).
+DURATION_KEYS = frozenset(
+    {
+        "SWEEP_INTERVAL",
+        "STALL_THRESHOLD",
+        "RETENTION",
+        "WAITING_VISIBILITY_THRESHOLD",
+        "POLL_INTERVAL",
+        "HEARTBEAT_INTERVAL",
+        "DISPATCHER_DEAD_AFTER",
+    }
+)
+
+STALL_ACTIONS = ("reattempt", "pause", "cancel")
+
+
+def as_duration(value: Any) -> timedelta:
+    """Return ``value`` (seconds or a ``timedelta``) as a ``timedelta``."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected seconds or a timedelta, got {value!r}")
+    return timedelta(seconds=value)
+
+
+class WorkflowSettings:
+    """Typed access to ``PGBUS_WORKFLOWS``, with the defaults of ``DEFAULTS``."""
+
+    SWEEP_INTERVAL: timedelta
+    STALL_THRESHOLD: timedelta
+    STALL_ACTION: str
+    RETENTION: timedelta | None
+    WAITING_VISIBILITY_THRESHOLD: timedelta
+    MAX_PAYLOAD_SIZE: int
+    DEFAULT_QUEUE: str
+    POLL_INTERVAL: timedelta
+    HEARTBEAT_INTERVAL: timedelta
+    DISPATCHER_DEAD_AFTER: timedelta
+    NOTIFY_CHANNEL: str
+    AUTODISCOVER_MODULE: str | None
+
+    def user_values(self) -> dict[str, Any]:
+        """The raw dict the project set (empty when it set none)."""
+        value = getattr(django_settings, "PGBUS_WORKFLOWS", None)
+        return dict(value) if isinstance(value, dict) else {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"PGBUS_WORKFLOWS has no setting {name!r}")
+        value = self.user_values().get(name, DEFAULTS[name])
+        if name in DURATION_KEYS and value is not None:
+            return as_duration(value)
+        return value
+
+
+settings = WorkflowSettings()

@@ -1,0 +1,74 @@
+"""Every error the library raises, under one base class, :class:`WorkflowError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorkflowError(Exception):
+    """Base class of every error pgbus_workflows raises on purpose."""
+
+
+class ConfigurationError(WorkflowError):
+    """A workflow class, a step option or a setting is wrong; raised when it is defined."""
+
+
+class AlreadyRunning(WorkflowError):
+    """``start()`` for a subject that already has an ongoing run of the class.
+
+    ``workflow`` is a handle on the run that holds the slot.
+    """
+
+    def __init__(self, message: str, workflow: Any = None) -> None:
+        super().__init__(message)
+        self.workflow = workflow
+
+
+class InvalidTransition(WorkflowError):
+    """A state move that the transition table does not allow from the run's status."""
+
+
+class NotPaused(InvalidTransition):
+    """``resume()`` or ``resume_at()`` on a run that is not paused."""
+
+
+class NotOngoing(InvalidTransition):
+    """A signal for a finished or cancelled run, or for a subject with no ongoing run."""
+
+
+class StepNotDefined(WorkflowError):
+    """A row or a verb names a step that the workflow class does not define."""
+
+
+class StepStalled(WorkflowError):
+    """Recorded on a step whose dispatcher died or that outlived its ``stall_at``."""
+
+
+class PayloadTooLarge(WorkflowError):
+    """Arguments, an output or a signal payload larger than ``MAX_PAYLOAD_SIZE``."""
+
+
+class PayloadNotSerializable(WorkflowError, TypeError):
+    """Arguments, an output or a payload that ``DjangoJSONEncoder`` cannot encode."""
+
+
+class NotInStep(WorkflowError):
+    """A step-only verb or reader used outside a running step body."""
+
+
+class FanOutFailed(WorkflowError):
+    """Recorded on a fan-out step some of whose jobs failed."""
+
+
+class WaitTimedOut(WorkflowError):
+    """Recorded on a waiting step whose ``wait_timeout`` passed with ``on_timeout="pause"``."""
+
+
+class StepWaiting(WorkflowError):
+    """A test helper reached a step that waits for a signal or a fan-out."""
+
+
+class TestHelperError(WorkflowError):
+    """A test helper was asked to move a run that it cannot move in its current state."""
+
+    __test__ = False  # not a pytest test class

@@ -1,0 +1,273 @@
+"""The rows: runs, step attempts, audit events, signals and live dispatchers.
+
+Models are data and queries only; ``services/`` is the one place that changes them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .states import ACTIVE_STEP, ONGOING_RUN, TERMINAL_RUN, RunStatus, StepOutcomeKind, StepStatus
+
+
+class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
+    """Domain queries over runs."""
+
+    def ongoing(self) -> WorkflowRunQuerySet:
+        """Runs that are neither finished nor cancelled."""
+        return self.filter(status__in=ONGOING_RUN)
+
+    def terminal(self) -> WorkflowRunQuerySet:
+        """Finished and cancelled runs."""
+        return self.filter(status__in=TERMINAL_RUN)
+
+    def for_subject(self, subject_type: str | None, subject_id: str | None) -> WorkflowRunQuerySet:
+        """Runs about one subject ("app_label.model", primary key as text)."""
+        return self.filter(subject_type=subject_type, subject_id=subject_id)
+
+
+class WorkflowRun(models.Model):
+    """One run of a workflow class: where it is, about what, with which arguments."""
+
+    workflow_id = models.UUIDField(_("workflow id"), default=uuid.uuid4, unique=True, editable=False)
+    workflow_class = models.CharField(_("workflow class"), max_length=255, db_index=True)
+    status = models.CharField(_("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.READY)
+    current_step = models.CharField(_("current step"), max_length=255, blank=True, default="")
+    # NULL, not "": subject-less runs must not collide in the one-ongoing-per-subject constraint.
+    subject_type = models.CharField(_("subject type"), max_length=255, null=True, blank=True)  # noqa: DJ001
+    subject_id = models.CharField(_("subject id"), max_length=255, null=True, blank=True)  # noqa: DJ001
+    arguments = models.JSONField(_("arguments"), default=dict, encoder=DjangoJSONEncoder)
+    idempotency_key = models.CharField(_("idempotency key"), max_length=255, null=True, blank=True)  # noqa: DJ001
+    allow_multiple = models.BooleanField(_("allow multiple"), default=False)
+    rerun_of = models.UUIDField(_("rerun of"), null=True, blank=True)
+    paused_reason = models.TextField(_("paused reason"), blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    started_at = models.DateTimeField(_("started at"), default=timezone.now)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    status_changed_at = models.DateTimeField(_("status changed at"), default=timezone.now)
+
+    objects = WorkflowRunQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("workflow run")
+        verbose_name_plural = _("workflow runs")
+        ordering = ("-id",)
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow_class", "subject_type", "subject_id"],
+                condition=Q(allow_multiple=False) & Q(status__in=sorted(ONGOING_RUN)),
+                name="pgbus_wf_one_ongoing_per_subject",
+                violation_error_message=_("This subject already has an ongoing run of this workflow."),
+            ),
+            models.UniqueConstraint(
+                fields=["workflow_class", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="pgbus_wf_unique_idempotency_key",
+            ),
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="pgbus_wf_run_status_valid"),
+        ]
+        indexes = [
+            models.Index(fields=["subject_type", "subject_id"], name="pgbus_wf_run_subject"),
+            models.Index(
+                fields=["status_changed_at"],
+                condition=Q(status__in=sorted(TERMINAL_RUN)),
+                name="pgbus_wf_run_retention",
+            ),
+        ]
+        permissions = [
+            ("pause_workflowrun", _("Can pause and resume workflow runs")),
+            ("cancel_workflowrun", _("Can cancel workflow runs")),
+            ("rerun_workflowrun", _("Can rerun workflow runs")),
+            ("run_now_workflowrun", _("Can run a workflow run's step now")),
+            ("skip_workflowrun", _("Can skip a workflow run's step")),
+            ("signal_workflowrun", _("Can deliver signals to workflow runs")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_class} {self.workflow_id} ({self.status})"
+
+    @property
+    def is_ongoing(self) -> bool:
+        """True while the run is neither finished nor cancelled."""
+        return self.status in ONGOING_RUN
+
+
+class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
+    """Domain queries over step attempts."""
+
+    def active(self) -> WorkflowStepQuerySet:
+        """Attempts that are scheduled, in progress or waiting (at most one per run)."""
+        return self.filter(status__in=ACTIVE_STEP)
+
+    def due(self, now: datetime | None = None) -> WorkflowStepQuerySet:
+        """Scheduled attempts whose time has come."""
+        return self.filter(status=StepStatus.SCHEDULED, scheduled_at__lte=now or timezone.now())
+
+
+class WorkflowStep(models.Model):
+    """One attempt of one step of a run. The steps table is the queue."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps", verbose_name=_("run"))
+    step_name = models.CharField(_("step name"), max_length=255)
+    attempt = models.PositiveIntegerField(_("attempt"), default=1)
+    status = models.CharField(_("status"), max_length=16, choices=StepStatus.choices, default=StepStatus.SCHEDULED)
+    outcome = models.CharField(_("outcome"), max_length=16, choices=StepOutcomeKind.choices, blank=True, default="")
+    reattempt_reason = models.CharField(_("reattempt reason"), max_length=32, blank=True, default="")
+    queue = models.CharField(_("queue"), max_length=255)
+    priority = models.IntegerField(_("priority"), default=0)
+    scheduled_at = models.DateTimeField(_("scheduled at"), default=timezone.now)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    timeout = models.DurationField(_("timeout"), null=True, blank=True)
+    stall_at = models.DateTimeField(_("stall at"), null=True, blank=True)
+    claimed_by = models.CharField(_("claimed by"), max_length=255, blank=True, default="")
+    output = models.JSONField(_("output"), null=True, blank=True, encoder=DjangoJSONEncoder)
+    error_class = models.CharField(_("error class"), max_length=255, blank=True, default="")
+    error_message = models.TextField(_("error message"), blank=True, default="")
+    traceback = models.TextField(_("traceback"), blank=True, default="")
+    wait_for = models.JSONField(_("waits for"), null=True, blank=True)
+    waiting_since = models.DateTimeField(_("waiting since"), null=True, blank=True)
+    timeout_at = models.DateTimeField(_("timeout at"), null=True, blank=True)
+    timed_out = models.BooleanField(_("timed out"), default=False)
+    signal = models.ForeignKey(
+        "WorkflowSignal",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("received signal"),
+    )
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+
+    objects = WorkflowStepQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("workflow step")
+        verbose_name_plural = _("workflow steps")
+        ordering = ("id",)
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run"],
+                condition=Q(status__in=sorted(ACTIVE_STEP)),
+                name="pgbus_wf_one_active_step_per_run",
+                violation_error_message=_("A run has at most one active step."),
+            ),
+            models.CheckConstraint(condition=Q(status__in=StepStatus.values), name="pgbus_wf_step_status_valid"),
+        ]
+        indexes = [
+            # Serves the claim query only: finished history never enters it.
+            models.Index(
+                fields=["priority", "scheduled_at"],
+                condition=Q(status=StepStatus.SCHEDULED),
+                name="pgbus_wf_step_due",
+            ),
+            models.Index(
+                fields=["stall_at"], condition=Q(status=StepStatus.IN_PROGRESS), name="pgbus_wf_step_in_progress"
+            ),
+            models.Index(fields=["timeout_at"], condition=Q(status=StepStatus.WAITING), name="pgbus_wf_step_waiting"),
+            models.Index(fields=["run", "step_name"], name="pgbus_wf_step_run_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_name} #{self.attempt} ({self.status})"
+
+
+class WorkflowEvent(models.Model):
+    """One line of a run's audit trail: a transition or an operator verb."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", verbose_name=_("run"))
+    step = models.ForeignKey(
+        WorkflowStep, on_delete=models.CASCADE, null=True, blank=True, related_name="events", verbose_name=_("step")
+    )
+    kind = models.CharField(_("kind"), max_length=64)
+    transition = models.CharField(_("transition"), max_length=32, blank=True, default="")
+    from_status = models.CharField(_("from status"), max_length=16, blank=True, default="")
+    to_status = models.CharField(_("to status"), max_length=16, blank=True, default="")
+    actor = models.CharField(_("actor"), max_length=255, blank=True, default="")
+    reason = models.TextField(_("reason"), blank=True, default="")
+    details = models.JSONField(_("details"), default=dict, blank=True, encoder=DjangoJSONEncoder)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+
+    class Meta:
+        verbose_name = _("workflow event")
+        verbose_name_plural = _("workflow events")
+        ordering = ("id",)
+        indexes = [models.Index(fields=["run", "id"], name="pgbus_wf_event_run")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} by {self.actor or 'system'}"
+
+
+class SignalStatus(models.TextChoices):
+    """Whether a signal still waits for a step."""
+
+    PENDING = "pending", _("pending")
+    CONSUMED = "consumed", _("consumed")
+
+
+class WorkflowSignal(models.Model):
+    """A named message delivered to a run, consumed once by a step that waits for it."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="signals", verbose_name=_("run"))
+    name = models.CharField(_("name"), max_length=255)
+    payload = models.JSONField(_("payload"), null=True, blank=True, encoder=DjangoJSONEncoder)
+    idempotency_key = models.CharField(_("idempotency key"), max_length=255, null=True, blank=True)  # noqa: DJ001
+    status = models.CharField(_("status"), max_length=16, choices=SignalStatus.choices, default=SignalStatus.PENDING)
+    consumed_by = models.ForeignKey(
+        WorkflowStep,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("consumed by"),
+    )
+    actor = models.CharField(_("actor"), max_length=255, blank=True, default="")
+    reason = models.TextField(_("reason"), blank=True, default="")
+    received_at = models.DateTimeField(_("received at"), default=timezone.now)
+    consumed_at = models.DateTimeField(_("consumed at"), null=True, blank=True)
+
+    #: Set on the instance that ``signal()`` returns for a repeated idempotency key.
+    duplicate_delivery = False
+
+    class Meta:
+        verbose_name = _("workflow signal")
+        verbose_name_plural = _("workflow signals")
+        ordering = ("id",)
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="pgbus_wf_signal_unique_key",
+            )
+        ]
+        indexes = [models.Index(fields=["run", "name", "status"], name="pgbus_wf_signal_pending")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+
+class Dispatcher(models.Model):
+    """One live ``run_workflow_dispatcher`` process, kept fresh by its heartbeat."""
+
+    name = models.CharField(_("name"), max_length=255, unique=True)
+    hostname = models.CharField(_("hostname"), max_length=255)
+    pid = models.PositiveIntegerField(_("pid"))
+    queues = models.JSONField(_("queues"), default=list, blank=True)
+    concurrency = models.PositiveIntegerField(_("concurrency"), default=1)
+    started_at = models.DateTimeField(_("started at"), default=timezone.now)
+    heartbeat_at = models.DateTimeField(_("heartbeat at"), default=timezone.now)
+
+    class Meta:
+        verbose_name = _("dispatcher")
+        verbose_name_plural = _("dispatchers")
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return self.name

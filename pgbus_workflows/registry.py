@@ -1,0 +1,77 @@
+"""The registry of workflow classes by their stable ``name`` (the name stored in rows).
+
+Shaped like ``AdminSite``: a ``_registry`` dict, so ``autodiscover_modules`` can roll it
+back when a ``workflows`` module fails to import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from .workflow import Workflow
+
+
+class AlreadyRegistered(ConfigurationError):
+    """Two different workflow classes claim one ``name``."""
+
+
+class NotRegistered(ConfigurationError):
+    """No workflow class is registered under a name."""
+
+
+class WorkflowRegistry:
+    """Workflow classes by name. Defining a ``Workflow`` subclass registers it."""
+
+    def __init__(self) -> None:
+        self._registry: dict[str, type[Workflow]] = {}
+
+    def register(self, cls: type[Workflow]) -> None:
+        """Register ``cls`` under ``cls.name``; a second class with that name is an error.
+
+        The same class defined again (same module and qualified name, as when a module is
+        reloaded) replaces the first.
+        """
+        existing = self._registry.get(cls.name)
+        if existing is not None and existing is not cls:
+            same = (existing.__module__, existing.__qualname__) == (cls.__module__, cls.__qualname__)
+            if not same:
+                raise AlreadyRegistered(
+                    f"Workflow name {cls.name!r} is taken by {existing.__module__}.{existing.__qualname__}; "
+                    f"{cls.__module__}.{cls.__qualname__} needs another `name = ...`"
+                )
+        self._registry[cls.name] = cls
+
+    def unregister(self, name: str) -> None:
+        """Forget the class registered under ``name`` (tests use this)."""
+        if name not in self._registry:
+            raise NotRegistered(f"No workflow class is registered as {name!r}")
+        del self._registry[name]
+
+    def is_registered(self, name: str) -> bool:
+        """True when a class is registered under ``name``."""
+        return name in self._registry
+
+    def get(self, name: str) -> type[Workflow] | None:
+        """The class registered under ``name``, or None when it is gone."""
+        return self._registry.get(name)
+
+    def classes(self) -> list[type[Workflow]]:
+        """Every registered class, by name."""
+        return [self._registry[name] for name in sorted(self._registry)]
+
+
+registry = WorkflowRegistry()
+
+
+def autodiscover() -> None:
+    """Import the ``AUTODISCOVER_MODULE`` (default ``workflows``) of every installed app."""
+    from django.utils.module_loading import autodiscover_modules
+
+    from .conf import settings
+
+    module = settings.AUTODISCOVER_MODULE
+    if module:
+        autodiscover_modules(module, register_to=registry)

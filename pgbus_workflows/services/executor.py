@@ -1,0 +1,253 @@
+"""Claiming due steps and running them: the public entry points the dispatcher calls.
+
+``claim_due_steps`` claims up to ``limit`` due attempts in one short transaction (runs
+locked with ``SKIP LOCKED``, so two dispatchers never claim one step). ``execute_step``
+runs a claimed attempt: the guards, then the body outside any transaction (inside the
+outcome's transaction for ``atomic=True``), then ``apply_outcome`` under the run lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..conf import settings
+from ..exceptions import StepNotDefined
+from ..models import WorkflowRun, WorkflowStep
+from ..states import RunStatus, StepStatus
+from ..workflow import FlowControl, StepContext, Workflow
+from .ledger import RunLedger, locked_run, workflow_class
+from .outcome import StepOutcome, apply_outcome
+from .payload import encode_payload
+
+logger = logging.getLogger("pgbus_workflows")
+
+
+def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by: str = "") -> list[WorkflowStep]:
+    """Claim up to ``limit`` due steps of ready runs, by priority then ``scheduled_at``.
+
+    Each claimed attempt is ``in_progress`` with its ``stall_at`` set and its run
+    ``performing``; the list is what the caller must now pass to :func:`execute_step`.
+    """
+    if limit < 1:
+        return []
+    now = timezone.now()
+    with transaction.atomic():
+        pairs = _due_pairs(limit, None if queues is None else list(queues), now)
+        return _claim(pairs, now, claimed_by)
+
+
+_STEPS = WorkflowStep._meta.db_table
+_RUNS = WorkflowRun._meta.db_table
+
+
+def _due_pairs(limit: int, queues: list[str] | None, now: Any) -> list[tuple[int, int]]:
+    """``(step pk, run pk)`` of due steps of ready runs, their runs locked.
+
+    Only the runs are locked, with SKIP LOCKED: the lock order is always run, then step,
+    and a run another dispatcher (or an operator) holds is passed over, not waited for.
+    The ORDER BY matches the partial index ``pgbus_wf_step_due``.
+    """
+    queue_filter = "" if queues is None else "AND s.queue = ANY(%s)"
+    lock = "FOR UPDATE OF r SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    if queues is not None and connection.vendor != "postgresql":
+        queue_filter = "AND s.queue IN ({})".format(", ".join(["%s"] * len(queues)))
+    sql = f"""
+        SELECT s.id, s.run_id FROM {_STEPS} s JOIN {_RUNS} r ON r.id = s.run_id
+        WHERE s.status = 'scheduled' AND s.scheduled_at <= %s AND r.status = 'ready' {queue_filter}
+        ORDER BY s.priority, s.scheduled_at, s.id
+        LIMIT %s {lock}
+    """  # noqa: S608 - table names come from the models, values are parameters
+    params: list[Any] = [now]
+    if queues is not None:
+        params.extend([queues] if connection.vendor == "postgresql" else queues)
+    params.append(limit)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def claim_step(step_pk: int, claimed_by: str = "") -> WorkflowStep | None:
+    """Claim one scheduled step whatever its ``scheduled_at`` (test helpers, ``run_now``).
+
+    Returns None (a no-op) when the step is no longer scheduled or its run is not ready.
+    """
+    run_id = WorkflowStep.objects.filter(pk=step_pk).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return None
+    with transaction.atomic():
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id, status=RunStatus.READY).first()
+        if run is None:
+            return None
+        claimed = _claim([(step_pk, run_id)], timezone.now(), claimed_by)
+        return claimed[0] if claimed else None
+
+
+def _claim(pairs: list[tuple[int, int]], now: Any, claimed_by: str) -> list[WorkflowStep]:
+    """Move the locked runs' scheduled steps to in_progress, the runs to performing."""
+    if not pairs:
+        return []
+    steps = list(
+        WorkflowStep.objects.select_for_update()
+        .select_related("run")
+        .filter(pk__in=[pk for pk, _ in pairs], status=StepStatus.SCHEDULED)
+        .order_by("priority", "scheduled_at", "pk")
+    )
+    threshold = settings.STALL_THRESHOLD
+    claimed = []
+    for step in steps:
+        ledger = RunLedger(step.run, now)
+        ledger.move_step(
+            step,
+            StepStatus.IN_PROGRESS,
+            started_at=now,
+            claimed_by=claimed_by,
+            stall_at=now + (step.timeout or threshold),
+        )
+        ledger.transition(
+            "claim",
+            RunStatus.PERFORMING,
+            kind="step_started",
+            step=step,
+            details={"attempt": step.attempt, "claimed_by": claimed_by} if claimed_by else {"attempt": step.attempt},
+        )
+        ledger.flush()
+        claimed.append(step)
+    return claimed
+
+
+def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed_by: str = "") -> int:
+    """Claim and run due steps one batch at a time until none is due; returns how many ran."""
+    ran = 0
+    while True:
+        claimed = claim_due_steps(min(limit, 100), queues, claimed_by)
+        for step in claimed:
+            execute_step(step)
+        ran += len(claimed)
+        if not claimed or ran >= limit:
+            return ran
+
+
+def execute_step(step: WorkflowStep) -> StepOutcome | None:
+    """Run a claimed (in-progress) attempt and apply its outcome; returns the outcome.
+
+    Exceptions from the body never escape: they become an ``error`` outcome that the
+    exception policy resolves. Returns None when the attempt was no longer in progress.
+    """
+    run = step.run
+    cls = workflow_class(run)
+    workflow = cls(run)
+    definition = cls.step_definition(step.step_name)
+    outcome = _guard(workflow, step)
+    if outcome is None and definition is not None and definition.atomic:
+        return _execute_atomic(workflow, step)
+    if outcome is None:
+        outcome = _run_body(workflow, step)
+    with locked_run(run.pk) as ledger:
+        locked = ledger.lock_step(step.pk)
+        if locked is None:
+            return None
+        apply_outcome(ledger, locked, outcome)
+    _log(run, step, outcome)
+    return outcome
+
+
+class _RollBack(Exception):
+    def __init__(self, outcome: StepOutcome) -> None:
+        super().__init__(outcome.kind)
+        self.outcome = outcome
+
+
+def _execute_atomic(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
+    """Run the body inside the outcome's transaction: its writes commit with it, or not at all."""
+    with locked_run(step.run_id) as ledger:
+        locked = ledger.lock_step(step.pk)
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return None
+        workflow.record = ledger.run
+        try:
+            with transaction.atomic():
+                outcome = _run_body(workflow, locked)
+                if outcome.kind == "error":
+                    raise _RollBack(outcome)
+        except _RollBack as rollback:
+            outcome = rollback.outcome
+        apply_outcome(ledger, locked, outcome)
+    _log(step.run, step, outcome)
+    return outcome
+
+
+def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
+    """The claim guards in pgbus's order; None when the body may run."""
+    cls = type(workflow)
+    definition = cls.step_definition(step.step_name)
+    if definition is None:
+        error = StepNotDefined(
+            f"Step {step.step_name!r} is not defined in {workflow.record.workflow_class}"
+            + ("" if cls is not Workflow else " (the class is not registered: was it deleted or renamed?)")
+        )
+        return StepOutcome.from_error(error, forced_action="pause")
+    if definition.removed:
+        return StepOutcome("skip", reason="removed step", details={"removed": True})
+    try:
+        if workflow.record.subject_type and workflow.subject is None and not cls.allow_missing_subject:
+            return StepOutcome(
+                "cancel", reason=f"subject {workflow.record.subject_type} {workflow.record.subject_id} no longer exists"
+            )
+        if workflow.cancel_if():
+            return StepOutcome("cancel", reason="cancel_if")
+        if _skip_if(workflow, definition.skip_if):
+            return StepOutcome("skip", reason="skip_if")
+    except Exception as error:
+        return StepOutcome.from_error(error, precondition=True)
+    return None
+
+
+def _skip_if(workflow: Workflow, condition: Any) -> bool:
+    if condition is None:
+        return False
+    if isinstance(condition, bool):
+        return condition
+    if isinstance(condition, str):
+        return bool(getattr(workflow, condition)())
+    return bool(condition(workflow))
+
+
+def _run_body(workflow: Workflow, step: WorkflowStep) -> StepOutcome:
+    """Call the step body with the step context set; never raises."""
+    definition = type(workflow).step_definition(step.step_name)
+    if definition is None or definition.func is None:  # the guards ruled this out
+        raise StepNotDefined(step.step_name)
+    workflow._context = StepContext(step=step)
+    try:
+        try:
+            value = definition.func(workflow)
+        except FlowControl as flow:
+            if flow.kind != "output":
+                return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
+            value = flow.value
+        output = None if value is None else encode_payload(value, f"{step.step_name} output")
+        return StepOutcome("success", output=output)
+    except FlowControl as flow:  # a verb called while encoding the output (a custom encoder)
+        return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
+    except Exception as error:
+        return StepOutcome.from_error(error)
+    finally:
+        workflow._context = None
+
+
+def _log(run: WorkflowRun, step: WorkflowStep, outcome: StepOutcome) -> None:
+    if outcome.kind == "error":
+        logger.warning(
+            "Step failed: %s %s step %s attempt %s: %s: %s",
+            run.workflow_class,
+            run.workflow_id,
+            step.step_name,
+            step.attempt,
+            type(outcome.error).__name__,
+            outcome.error,
+        )

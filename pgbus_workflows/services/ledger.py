@@ -1,0 +1,224 @@
+"""The run lock and what is written under it: transitions, events, new step rows, NOTIFY.
+
+Every state move of a run happens inside :func:`locked_run`: the run's row is locked
+(``SELECT ... FOR UPDATE``) before any of its steps, always in that order, and the
+transitions, the events and the wake-up are written in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from .. import signals
+from ..conf import settings
+from ..definitions import StepDefinition, resolve_wait
+from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
+from ..registry import registry
+from ..states import ACTIVE_STEP, TERMINAL_RUN, check_run_transition, check_step_transition
+
+if TYPE_CHECKING:
+    from ..workflow import Workflow
+
+SYSTEM_ACTOR = "system"
+
+
+def workflow_class(run: WorkflowRun) -> type[Workflow]:
+    """The run's registered class, or the bare ``Workflow`` when that class is gone."""
+    from ..workflow import Workflow
+
+    return registry.get(run.workflow_class) or Workflow
+
+
+def notify(queue: str) -> None:
+    """Wake the dispatchers that serve ``queue`` when the current transaction commits.
+
+    ``pg_notify`` is transactional, so this costs no round trip after the commit; on
+    databases without LISTEN/NOTIFY the dispatcher's poll finds the step instead.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [settings.NOTIFY_CHANNEL, queue])
+
+
+class RunLedger:
+    """The locked run and what a unit of work writes: saved and flushed once at the end."""
+
+    def __init__(self, run: WorkflowRun, now: datetime | None = None) -> None:
+        self.run = run
+        self.now = now or timezone.now()
+        self.cls = workflow_class(run)
+        self._events: list[WorkflowEvent] = []
+        self._run_fields: set[str] = set()
+        self._queues: set[str] = set()
+        self._after_commit: list[tuple[Any, dict[str, Any]]] = []
+
+    def lock_step(self, pk: int) -> WorkflowStep | None:
+        """The step row ``pk`` of this run, locked (after the run, as always)."""
+        return WorkflowStep.objects.select_for_update().filter(pk=pk, run_id=self.run.pk).first()
+
+    def active_step(self) -> WorkflowStep | None:
+        """The run's scheduled, in-progress or waiting attempt, locked; None when it has none."""
+        return WorkflowStep.objects.select_for_update().filter(run_id=self.run.pk, status__in=ACTIVE_STEP).first()
+
+    def set_run(self, **fields: Any) -> None:
+        """Change fields of the run row (saved once at the end)."""
+        for name, value in fields.items():
+            setattr(self.run, name, value)
+            self._run_fields.add(name)
+
+    def transition(
+        self,
+        name: str,
+        target: str,
+        *,
+        kind: str,
+        actor: str | None = None,
+        reason: str | None = None,
+        step: WorkflowStep | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """Move the run through the named transition (checked) and record the event."""
+        source = self.run.status
+        check_run_transition(name, source, target)
+        fields: dict[str, Any] = {"status": target, "status_changed_at": self.now}
+        if target in TERMINAL_RUN:
+            fields["finished_at"] = self.now
+        if target != "paused":
+            fields["paused_reason"] = ""
+        self.set_run(**fields)
+        actor = actor or SYSTEM_ACTOR
+        self.event(kind, actor=actor, reason=reason, step=step, details=details, transition=(name, source, target))
+        self.send(
+            signals.workflow_transitioned,
+            transition=name,
+            from_status=source,
+            to_status=target,
+            actor=actor,
+        )
+
+    def event(
+        self,
+        kind: str,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        step: WorkflowStep | None = None,
+        details: dict[str, Any] | None = None,
+        transition: tuple[str, str, str] | None = None,
+    ) -> None:
+        """Record an audit event (written with the rest of the unit of work)."""
+        name, source, target = transition or ("", "", "")
+        self._events.append(
+            WorkflowEvent(
+                run=self.run,
+                step=step,
+                kind=kind,
+                transition=name,
+                from_status=source,
+                to_status=target,
+                actor=actor or SYSTEM_ACTOR,
+                reason=reason or "",
+                details=details or {},
+                created_at=self.now,
+            )
+        )
+
+    def send(self, signal: Any, **kwargs: Any) -> None:
+        """Send a Django signal after commit, only when someone listens."""
+        if signal.has_listeners():
+            self._after_commit.append((signal, {"workflow_id": self.run.workflow_id, **kwargs}))
+
+    def move_step(self, step: WorkflowStep, target: str, **fields: Any) -> None:
+        """Move an attempt to ``target`` (checked against the step table) and save it."""
+        check_step_transition(step.status, target)
+        step.status = target
+        for name, value in fields.items():
+            setattr(step, name, value)
+        if target not in ACTIVE_STEP:
+            step.finished_at = self.now
+            fields["finished_at"] = self.now
+            self.send(
+                signals.step_finished,
+                step_name=step.step_name,
+                attempt=step.attempt,
+                status=target,
+                outcome=step.outcome,
+                error_class=step.error_class,
+            )
+        step.save(update_fields=["status", *fields])
+
+    def schedule(
+        self,
+        definition: StepDefinition,
+        *,
+        wait: timedelta | None = None,
+        attempt: int | None = None,
+    ) -> WorkflowStep:
+        """Create the next attempt of ``definition`` (scheduled after its wait) and wake a dispatcher."""
+        if attempt is None:
+            previous = WorkflowStep.objects.filter(run_id=self.run.pk, step_name=definition.name)
+            attempt = (previous.aggregate(n=Max("attempt"))["n"] or 0) + 1
+        if wait is None:
+            wait = resolve_wait(definition.wait, attempt)
+        queue = definition.queue or self.cls.step_options.get("queue") or settings.DEFAULT_QUEUE
+        priority = definition.priority
+        if priority is None:
+            priority = self.cls.step_options.get("priority", 0)
+        step = WorkflowStep.objects.create(
+            run=self.run,
+            step_name=definition.name,
+            attempt=attempt,
+            queue=queue,
+            priority=priority,
+            scheduled_at=self.now + wait,
+            timeout=definition.timeout,
+            created_at=self.now,
+        )
+        self.set_run(current_step=definition.name)
+        self._queues.add(queue)
+        return step
+
+    def wake(self, queue: str) -> None:
+        """NOTIFY the dispatchers of ``queue`` when this unit of work commits."""
+        self._queues.add(queue)
+
+    def flush(self) -> None:
+        """Save the run, insert the events, queue the NOTIFY and the after-commit signals."""
+        if self._run_fields:
+            self.run.save(update_fields=sorted(self._run_fields))
+            self._run_fields.clear()
+        if self._events:
+            WorkflowEvent.objects.bulk_create(self._events)
+            self._events = []
+        for queue in sorted(self._queues):
+            notify(queue)
+        self._queues.clear()
+        if self._after_commit:
+            sender, pending = self.run.workflow_class, self._after_commit
+            transaction.on_commit(lambda: _send_all(sender, pending))
+            self._after_commit = []
+
+
+def _send_all(sender: str, pending: list[tuple[Any, dict[str, Any]]]) -> None:
+    for signal, kwargs in pending:
+        signal.send(sender=sender, **kwargs)
+
+
+@contextmanager
+def locked_run(pk: int, *, now: datetime | None = None) -> Iterator[RunLedger]:
+    """Lock run ``pk`` for a unit of work; everything is written when the block ends.
+
+    Raises ``WorkflowRun.DoesNotExist`` when there is no such run.
+    """
+    with transaction.atomic():
+        run = WorkflowRun.objects.select_for_update().get(pk=pk)
+        ledger = RunLedger(run, now)
+        yield ledger
+        ledger.flush()

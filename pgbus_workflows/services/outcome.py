@@ -1,0 +1,242 @@
+"""What an attempt caused: :class:`StepOutcome`, applied to the rows by :func:`apply_outcome`.
+
+The executor turns a body's return, verb or exception into a ``StepOutcome``; the sweep and
+the operator verbs make outcomes too. ``apply_outcome`` runs under the run's lock and is
+the one place where an in-progress attempt ends.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ..definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
+from ..exceptions import StepNotDefined
+from ..models import WorkflowStep
+from ..states import RunStatus, StepOutcomeKind, StepStatus
+from .ledger import RunLedger
+
+#: Why an attempt was reattempted; only the error reasons count towards max_reattempts.
+ERROR_REATTEMPT_REASONS = ("exception_policy", "precondition")
+
+OUTCOME_KINDS = ("success", "finished", "reattempt", "skip", "pause", "cancel", "error")
+
+
+@dataclass
+class StepOutcome:
+    """How an attempt ended. ``kind`` is one of :data:`OUTCOME_KINDS`."""
+
+    kind: str
+    output: Any = None
+    wait: Any = None
+    reason: str | None = None
+    error: BaseException | None = None
+    traceback: str = ""
+    #: The error came from cancel_if / skip_if / loading the subject, not the body.
+    precondition: bool = False
+    #: An action that overrides the exception policies (an undefined step always pauses).
+    forced_action: str | None = None
+    actor: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_error(cls, error: BaseException, **kwargs: Any) -> StepOutcome:
+        """An ``error`` outcome carrying the exception and its formatted traceback."""
+        text = "".join(tb.format_exception(type(error), error, error.__traceback__))
+        return cls("error", error=error, traceback=text, **kwargs)
+
+
+def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -> None:
+    """End the in-progress attempt ``step`` with ``outcome`` and move the run on.
+
+    An attempt that is no longer in progress (cancelled, or stalled by the sweep while it
+    ran) keeps its state: the late outcome is only recorded as ``outcome_discarded``.
+    """
+    if step.status != StepStatus.IN_PROGRESS:
+        ledger.event(
+            "outcome_discarded",
+            step=step,
+            details={"outcome": outcome.kind, "step_status": step.status, **_error_details(outcome)},
+        )
+        return
+    definition = ledger.cls.step_definition(step.step_name)
+    actor, reason = outcome.actor, outcome.reason
+    if outcome.kind == "success":
+        ledger.move_step(step, StepStatus.COMPLETED, outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
+        continue_after(ledger, step, kind="step_completed", actor=actor, reason=reason)
+    elif outcome.kind == "finished":
+        ledger.move_step(step, StepStatus.COMPLETED, outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
+        ledger.transition("finish", RunStatus.FINISHED, kind="finished", step=step, actor=actor, reason=reason)
+    elif outcome.kind == "reattempt":
+        wait = coerce_duration(outcome.wait or 0, "reattempt(wait=)")
+        ledger.move_step(
+            step, StepStatus.COMPLETED, outcome=StepOutcomeKind.REATTEMPTED, reattempt_reason="flow_control"
+        )
+        _reattempt(ledger, step, definition, wait, actor=actor, reason=reason)
+    elif outcome.kind == "skip":
+        ledger.move_step(step, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED)
+        continue_after(ledger, step, kind="step_skipped", actor=actor, reason=reason, details=outcome.details)
+    elif outcome.kind == "pause":
+        ledger.move_step(step, StepStatus.CANCELLED, outcome=StepOutcomeKind.PAUSED)
+        _pause(ledger, step, "step_pause", kind="paused", actor=actor, reason=reason)
+    elif outcome.kind == "cancel":
+        ledger.move_step(step, StepStatus.CANCELLED, outcome=StepOutcomeKind.CANCELLED)
+        ledger.transition(
+            "cancel",
+            RunStatus.CANCELLED,
+            kind="cancelled",
+            step=step,
+            actor=actor,
+            reason=reason,
+            details=outcome.details,
+        )
+    elif outcome.kind == "error":
+        _apply_error(ledger, step, definition, outcome)
+    else:
+        raise ValueError(f"Unknown outcome kind {outcome.kind!r}")
+
+
+def continue_after(
+    ledger: RunLedger,
+    step: WorkflowStep,
+    *,
+    kind: str,
+    actor: str | None = None,
+    reason: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> WorkflowStep | None:
+    """Schedule the step after ``step`` (or finish the run); a paused run stays paused."""
+    following = ledger.cls.next_step_after(step.step_name)
+    if following is None:
+        ledger.transition(
+            "finish",
+            RunStatus.FINISHED,
+            kind="finished",
+            step=step,
+            actor=actor,
+            reason=reason,
+            details={"last_step_outcome": step.outcome, **(details or {})},
+        )
+        return None
+    next_step = ledger.schedule(following)
+    _advance(
+        ledger, step, kind=kind, actor=actor, reason=reason, details={"next_step": following.name, **(details or {})}
+    )
+    return next_step
+
+
+def _advance(ledger: RunLedger, step: WorkflowStep, **kwargs: Any) -> None:
+    if ledger.run.status == RunStatus.PAUSED:
+        ledger.transition("hold", RunStatus.PAUSED, **kwargs, step=step)
+    else:
+        ledger.transition("advance", RunStatus.READY, **kwargs, step=step)
+
+
+def _reattempt(
+    ledger: RunLedger,
+    step: WorkflowStep,
+    definition: StepDefinition | None,
+    wait: timedelta,
+    *,
+    actor: str | None,
+    reason: str | None,
+    details: dict[str, Any] | None = None,
+) -> None:
+    if definition is None:  # an undefined step pauses (forced action); it never reattempts
+        raise StepNotDefined(step.step_name)
+    ledger.schedule(definition, wait=wait, attempt=step.attempt + 1)
+    _advance(
+        ledger,
+        step,
+        kind="step_reattempted",
+        actor=actor,
+        reason=reason,
+        details={"wait_seconds": wait.total_seconds(), "next_attempt": step.attempt + 1, **(details or {})},
+    )
+
+
+def _pause(ledger: RunLedger, step: WorkflowStep, transition: str, **kwargs: Any) -> None:
+    if ledger.run.status == RunStatus.PAUSED:
+        transition = "hold"
+    ledger.transition(transition, RunStatus.PAUSED, step=step, **kwargs)
+    ledger.set_run(paused_reason=kwargs.get("reason") or "")
+
+
+def consecutive_error_reattempts(step: WorkflowStep) -> int:
+    """Error reattempts of this step since its last attempt that was not reattempted.
+
+    Voluntary ``reattempt()`` calls are passed over: they neither count nor break the run.
+    """
+    rows = (
+        WorkflowStep.objects.filter(run_id=step.run_id, step_name=step.step_name, pk__lt=step.pk)
+        .order_by("-pk")
+        .values_list("outcome", "reattempt_reason")
+    )
+    count = 0
+    for outcome, reason in rows.iterator():
+        if outcome != StepOutcomeKind.REATTEMPTED:
+            break
+        if reason in ERROR_REATTEMPT_REASONS:
+            count += 1
+    return count
+
+
+def _error_details(outcome: StepOutcome) -> dict[str, Any]:
+    if outcome.error is None:
+        return {}
+    return {"error_class": _class_name(outcome.error), "error_message": str(outcome.error)[:2000]}
+
+
+def _class_name(error: BaseException) -> str:
+    klass = type(error)
+    return klass.__qualname__ if klass.__module__ == "builtins" else f"{klass.__module__}.{klass.__qualname__}"
+
+
+def _apply_error(
+    ledger: RunLedger, step: WorkflowStep, definition: StepDefinition | None, outcome: StepOutcome
+) -> None:
+    error = outcome.error or RuntimeError("unknown error")
+    error_fields = {
+        "error_class": _class_name(error)[:255],
+        "error_message": str(error),
+        "traceback": outcome.traceback,
+    }
+    if outcome.forced_action:
+        policy = OnException(action=outcome.forced_action)
+    else:
+        policy = resolve_policy(ledger.cls, definition, error)
+    action = policy.action
+    details = {**_error_details(outcome), **outcome.details}
+    actor, reason = outcome.actor, outcome.reason
+    if action == "reattempt":
+        count = consecutive_error_reattempts(step)
+        if policy.max_reattempts is not None and count >= policy.max_reattempts:
+            action = policy.terminal_action
+            details["reattempts_exhausted"] = count
+        else:
+            reattempt_reason = "precondition" if outcome.precondition else "exception_policy"
+            ledger.move_step(
+                step,
+                StepStatus.FAILED,
+                outcome=StepOutcomeKind.REATTEMPTED,
+                reattempt_reason=reattempt_reason,
+                **error_fields,
+            )
+            wait = resolve_wait(policy.wait, count + 1)
+            _reattempt(ledger, step, definition, wait, actor=actor, reason=reason, details=details)
+            return
+    details["action"] = action
+    if action == "skip":
+        ledger.move_step(step, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED, **error_fields)
+        continue_after(ledger, step, kind="step_skipped", actor=actor, reason=reason, details=details)
+    elif action == "cancel":
+        ledger.move_step(step, StepStatus.FAILED, outcome=StepOutcomeKind.CANCELLED, **error_fields)
+        ledger.transition(
+            "cancel", RunStatus.CANCELLED, kind="step_failed", step=step, actor=actor, reason=reason, details=details
+        )
+    else:
+        ledger.move_step(step, StepStatus.FAILED, outcome=StepOutcomeKind.FAILED, **error_fields)
+        message = f"{error_fields['error_class']}: {error_fields['error_message']}"
+        _pause(ledger, step, "hold", kind="step_failed", actor=actor, reason=reason or message[:2000], details=details)

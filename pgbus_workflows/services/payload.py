@@ -1,0 +1,56 @@
+"""JSON payloads (arguments, outputs, signal payloads) and subject references."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.apps import apps
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Model
+
+from ..conf import settings
+from ..exceptions import PayloadNotSerializable, PayloadTooLarge
+
+
+def encode_payload(value: Any, what: str) -> Any:
+    """Return ``value`` as it will read back from the database, checking type and size.
+
+    Raises :class:`PayloadNotSerializable` when ``DjangoJSONEncoder`` cannot encode it and
+    :class:`PayloadTooLarge` (naming the size and the limit) when it is over
+    ``MAX_PAYLOAD_SIZE`` bytes.
+    """
+    try:
+        text = json.dumps(value, cls=DjangoJSONEncoder)
+    except (TypeError, ValueError) as error:
+        raise PayloadNotSerializable(f"{what} must be JSON-serialisable (DjangoJSONEncoder): {error}") from error
+    size = len(text.encode("utf-8"))
+    limit = settings.MAX_PAYLOAD_SIZE
+    if size > limit:
+        raise PayloadTooLarge(
+            f"{what} is {size} bytes, over MAX_PAYLOAD_SIZE ({limit} bytes): store the data in your own "
+            "table and pass its id, or raise PGBUS_WORKFLOWS['MAX_PAYLOAD_SIZE']"
+        )
+    return json.loads(text)
+
+
+def subject_reference(subject: Model | None) -> tuple[str | None, str | None]:
+    """``("app_label.model", "pk")`` for a saved model instance, ``(None, None)`` for None."""
+    if subject is None:
+        return None, None
+    if not isinstance(subject, Model):
+        raise TypeError(f"A workflow subject must be a saved model instance or None, got {type(subject).__name__}")
+    if subject.pk is None:
+        raise ValueError(f"A workflow subject must be saved first: {subject!r} has no primary key")
+    return subject._meta.label_lower, str(subject.pk)
+
+
+def load_subject(subject_type: str | None, subject_id: str | None) -> Any:
+    """The subject instance, or None when the run has none or the row is gone."""
+    if not subject_type or subject_id is None:
+        return None
+    try:
+        model = apps.get_model(subject_type)
+    except LookupError:
+        return None
+    return model._default_manager.filter(pk=subject_id).first()

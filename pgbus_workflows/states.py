@@ -1,0 +1,112 @@
+"""Statuses and the transition tables: the only moves a run or a step may make.
+
+Every change of a run's status goes through :func:`check_run_transition`, named as in
+pgbus, so the audit trail of a run is a path through :data:`RUN_TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .exceptions import InvalidTransition
+
+
+class RunStatus(models.TextChoices):
+    """Where a run is."""
+
+    READY = "ready", _("ready")
+    PERFORMING = "performing", _("performing")
+    WAITING = "waiting", _("waiting")
+    PAUSED = "paused", _("paused")
+    FINISHED = "finished", _("finished")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+class StepStatus(models.TextChoices):
+    """Where one attempt of a step is."""
+
+    SCHEDULED = "scheduled", _("scheduled")
+    IN_PROGRESS = "in_progress", _("in progress")
+    WAITING = "waiting", _("waiting")
+    COMPLETED = "completed", _("completed")
+    FAILED = "failed", _("failed")
+    SKIPPED = "skipped", _("skipped")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+class StepOutcomeKind(models.TextChoices):
+    """What an attempt caused (stored on the step row as ``outcome``)."""
+
+    SUCCESS = "success", _("success")
+    REATTEMPTED = "reattempted", _("reattempted")
+    SKIPPED = "skipped", _("skipped")
+    PAUSED = "paused", _("paused")
+    CANCELLED = "cancelled", _("cancelled")
+    FAILED = "failed", _("failed")
+    STALLED = "stalled", _("stalled")
+    TIMED_OUT = "timed_out", _("timed out")
+
+
+ONGOING_RUN = frozenset({RunStatus.READY, RunStatus.PERFORMING, RunStatus.WAITING, RunStatus.PAUSED})
+TERMINAL_RUN = frozenset({RunStatus.FINISHED, RunStatus.CANCELLED})
+ACTIVE_STEP = frozenset({StepStatus.SCHEDULED, StepStatus.IN_PROGRESS, StepStatus.WAITING})
+
+_R = RunStatus
+
+#: transition name -> the (from, to) status pairs it allows.
+RUN_TRANSITIONS: dict[str, frozenset[tuple[str, str]]] = {
+    # a dispatcher claimed the run's due step
+    "claim": frozenset({(_R.READY, _R.PERFORMING)}),
+    # the attempt ended and the next attempt (or step) is scheduled
+    "advance": frozenset({(_R.PERFORMING, _R.READY), (_R.READY, _R.READY)}),
+    # no step is left, or the body called finished()
+    "finish": frozenset({(s, _R.FINISHED) for s in (_R.PERFORMING, _R.READY, _R.PAUSED)}),
+    # the next step waits for a signal or a fan-out
+    "park": frozenset({(_R.PERFORMING, _R.WAITING), (_R.READY, _R.WAITING)}),
+    # a signal (or an on_timeout="run") scheduled the waiting step
+    "wake": frozenset({(_R.WAITING, _R.READY)}),
+    # a waiting step is resolved (fan-out done, timeout, skip): its outcome applies next
+    "resolve": frozenset({(_R.WAITING, _R.PERFORMING)}),
+    # the run stays paused while its step row moves, or an error paused it
+    "hold": frozenset({(_R.PERFORMING, _R.PAUSED), (_R.PAUSED, _R.PAUSED)}),
+    # the body called pause()
+    "step_pause": frozenset({(_R.PERFORMING, _R.PAUSED)}),
+    # an operator paused the run
+    "pause": frozenset({(s, _R.PAUSED) for s in (_R.READY, _R.WAITING, _R.PERFORMING)}),
+    # an operator resumed it: back to what its active step says
+    "resume": frozenset({(_R.PAUSED, s) for s in (_R.READY, _R.WAITING, _R.PERFORMING)}),
+    "cancel": frozenset({(s, _R.CANCELLED) for s in (_R.READY, _R.WAITING, _R.PAUSED, _R.PERFORMING)}),
+}
+
+_S = StepStatus
+
+#: step status -> the statuses an attempt may move to from it.
+STEP_TRANSITIONS: dict[str, frozenset[str]] = {
+    _S.SCHEDULED: frozenset({_S.IN_PROGRESS, _S.WAITING, _S.SKIPPED, _S.CANCELLED}),
+    _S.IN_PROGRESS: frozenset({_S.COMPLETED, _S.FAILED, _S.SKIPPED, _S.CANCELLED, _S.WAITING}),
+    _S.WAITING: frozenset({_S.SCHEDULED, _S.IN_PROGRESS, _S.SKIPPED, _S.CANCELLED}),
+    _S.COMPLETED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.SKIPPED: frozenset(),
+    _S.CANCELLED: frozenset(),
+}
+
+#: The verb users read in messages ("Cannot pause a finished workflow").
+_VERBS = {"step_pause": "pause", "hold": "hold"}
+
+
+def check_run_transition(transition: str, source: str, target: str) -> None:
+    """Raise :class:`InvalidTransition` unless ``transition`` allows ``source -> target``."""
+    allowed = RUN_TRANSITIONS.get(transition)
+    if allowed is None:
+        raise InvalidTransition(f"Unknown transition {transition!r}")
+    if (source, target) not in allowed:
+        verb = _VERBS.get(transition, transition)
+        raise InvalidTransition(f"Cannot {verb} a {source} workflow (transition {transition!r} to {target})")
+
+
+def check_step_transition(source: str, target: str) -> None:
+    """Raise :class:`InvalidTransition` unless a step attempt may move ``source -> target``."""
+    if target not in STEP_TRANSITIONS.get(source, frozenset()):
+        raise InvalidTransition(f"A {source} step cannot become {target}")

@@ -1,0 +1,138 @@
+"""Test helpers: run a workflow's steps inline in your own ``TestCase``.
+
+::
+
+    class SignupTests(WorkflowTestMixin, TestCase):
+        def test_drip(self):
+            wf = SignupWorkflow.start(user)
+            self.perform_next_step(wf)             # runs the first step now
+            self.run_step_inline(wf, "reminder")   # raises unless "reminder" is next
+            self.speedrun_workflow(wf)             # every step until the run is not ready
+            self.assertWorkflowStatus(wf, "finished")
+
+Every step runs through the real executor (claim, guards, policies, the audit trail)
+against the test database, ignoring ``wait``: a step that is not due yet is pulled
+forward with ``run_now`` (recorded with actor ``test_helpers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.utils import timezone
+
+from .exceptions import StepWaiting, TestHelperError
+from .models import WorkflowStep
+from .services import operator
+from .services.executor import claim_step, execute_step
+from .states import RunStatus, StepStatus
+from .workflow import Workflow
+
+ACTOR = "test_helpers"
+
+
+def _waiting_for(workflow: Workflow) -> str:
+    step = WorkflowStep.objects.filter(run_id=workflow.record.pk, status=StepStatus.WAITING).order_by("pk").last()
+    if step is None:
+        return "is waiting"
+    names = ", ".join(step.wait_for or [])
+    timeout = ", expire_wait times it out" if step.timeout_at else ""
+    return f"is waiting on step {step.step_name} for signal {names}: deliver_signal moves it on{timeout}"
+
+
+def _ensure_ready(workflow: Workflow) -> None:
+    """A run that is not ready has no claimable step: running it would silently do nothing."""
+    status = workflow.reload().status
+    if status == RunStatus.READY:
+        return
+    if status == RunStatus.WAITING:
+        raise StepWaiting(f"{workflow!r} {_waiting_for(workflow)}")
+    hints = {
+        RunStatus.PAUSED: "resume() it first",
+        RunStatus.FINISHED: "it is over; rerun() starts a new run",
+        RunStatus.CANCELLED: "it is over; rerun() starts a new run",
+        RunStatus.PERFORMING: "a step is still running",
+    }
+    raise TestHelperError(
+        f"{workflow!r} is {status}, not ready: {hints.get(RunStatus(status), 'nothing inline can move it on')}"
+    )
+
+
+def _scheduled_step(workflow: Workflow) -> WorkflowStep | None:
+    return WorkflowStep.objects.filter(run_id=workflow.record.pk, status=StepStatus.SCHEDULED).order_by("pk").last()
+
+
+def _perform(workflow: Workflow, step: WorkflowStep) -> None:
+    if step.scheduled_at > timezone.now():
+        operator.run_now(workflow.record.pk, actor=ACTOR, reason="run inline by a test helper")
+    claimed = claim_step(step.pk, claimed_by=ACTOR)
+    if claimed is None:
+        raise TestHelperError(f"{workflow!r}: step {step.step_name} could not be claimed")
+    execute_step(claimed)
+
+
+class WorkflowTestMixin:
+    """Mix into ``TestCase`` / ``TransactionTestCase`` to run workflow steps inline."""
+
+    def perform_next_step(self, workflow: Workflow) -> Workflow:
+        """Run the run's scheduled step now; returns the reloaded handle."""
+        _ensure_ready(workflow)
+        step = _scheduled_step(workflow)
+        if step is None:
+            raise TestHelperError(f"{workflow!r} has no scheduled step")
+        _perform(workflow, step)
+        return workflow.reload()
+
+    def run_step_inline(self, workflow: Workflow, step_name: str) -> Workflow:
+        """Run the scheduled step when it is ``step_name``; raises when another step is next."""
+        _ensure_ready(workflow)
+        step = _scheduled_step(workflow)
+        if step is None or step.step_name != step_name:
+            scheduled = step.step_name if step else "nothing"
+            raise TestHelperError(f"{workflow!r} is not about to run {step_name} (scheduled: {scheduled})")
+        _perform(workflow, step)
+        return workflow.reload()
+
+    def speedrun_workflow(self, workflow: Workflow, max_steps: int = 1000) -> Workflow:
+        """Run scheduled steps until the run is no longer ready.
+
+        Stops at paused, finished and cancelled; raises :class:`StepWaiting` at waiting,
+        naming what the step waits for.
+        """
+        for _ in range(max_steps):
+            status = workflow.reload().status
+            if status == RunStatus.READY:
+                self.perform_next_step(workflow)
+            elif status == RunStatus.WAITING:
+                raise StepWaiting(f"{workflow!r} {_waiting_for(workflow)}")
+            elif status == RunStatus.PERFORMING:
+                raise TestHelperError(f"{workflow!r} is performing: speedrun_workflow cannot move it on")
+            else:
+                return workflow
+        status = workflow.reload().status
+        if status == RunStatus.WAITING:
+            raise StepWaiting(f"{workflow!r} {_waiting_for(workflow)}")
+        if status not in (RunStatus.READY, RunStatus.PERFORMING):
+            return workflow
+        raise TestHelperError(f"{workflow!r} was still {status} after {max_steps} steps")
+
+    def assertWorkflowStatus(self, workflow: Workflow, status: str) -> None:  # noqa: N802 - unittest style
+        """Fail unless the reloaded run has ``status``."""
+        actual = workflow.reload().status
+        if actual != status:
+            raise self.failureException(f"Expected workflow to be {status}, but was {actual}")
+
+    def assertStepsCompleted(self, workflow: Workflow, step_names: Sequence[str]) -> None:  # noqa: N802
+        """Fail unless ``step_names`` are exactly the run's completed steps, in order."""
+        completed: list[Any] = list(
+            WorkflowStep.objects.filter(run_id=workflow.record.pk, status=StepStatus.COMPLETED, outcome="success")
+            .order_by("pk")
+            .values_list("step_name", flat=True)
+        )
+        if completed != list(step_names):
+            raise self.failureException(
+                f"Expected steps {list(step_names)} to be completed, but completed were {completed}"
+            )
+
+    failureException: type[AssertionError]

@@ -1,0 +1,369 @@
+"""``Workflow``: the class users subclass (the DSL) and the handle on one run.
+
+A class body declares steps; defining the class registers it. An instance wraps one
+``WorkflowRun`` row: outside a step it is a handle with the operator verbs, inside a step
+body (run by the executor) it also answers the step-only readers and verbs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .definitions import OnException, StepDefinition, ordered_steps, with_name
+from .exceptions import ConfigurationError, NotInStep, StepNotDefined
+from .registry import registry
+
+if TYPE_CHECKING:
+    from django.db.models import Model, QuerySet
+
+    from .models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+
+
+class FlowControl(BaseException):
+    """Raised by the step verbs to end a body at once; a BaseException so ``except Exception`` misses it."""
+
+    def __init__(self, kind: str, *, wait: Any = None, reason: str | None = None, value: Any = None) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.wait = wait
+        self.reason = reason
+        self.value = value
+
+
+@dataclass
+class StepContext:
+    """What the executor tells the instance about the attempt it is running."""
+
+    step: WorkflowStep
+    received_signal: WorkflowSignal | None = None
+    timed_out: bool = False
+
+
+class _StepNamespace(dict[str, Any]):
+    """A class-body namespace that refuses a second step of one name."""
+
+    def __init__(self, class_name: str) -> None:
+        super().__init__()
+        self.class_name = class_name
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if isinstance(value, StepDefinition) and isinstance(self.get(key), StepDefinition):
+            raise ConfigurationError(f"Step {key!r} is already defined in {self.class_name}")
+        super().__setitem__(key, value)
+
+
+class _StepsAccessor:
+    """``Cls.steps()`` gives the definitions; ``handle.steps`` the run's attempts, oldest first."""
+
+    def __get__(self, instance: Workflow | None, owner: type[Workflow]) -> Any:
+        if instance is None:
+            return owner.step_definitions
+        return instance.record.steps.order_by("id")
+
+
+class WorkflowMeta(type):
+    """Collects the steps of a class body in order, validates them and registers the class."""
+
+    @classmethod
+    def __prepare__(cls, name: str, bases: tuple[type, ...], **kwargs: Any) -> MutableMapping[str, object]:
+        return _StepNamespace(name)
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> WorkflowMeta:
+        cls = super().__new__(mcs, name, bases, dict(namespace), **kwargs)
+        own = [with_name(v, key) for key, v in namespace.items() if isinstance(v, StepDefinition)]
+        for definition in own:
+            setattr(cls, definition.name, definition)
+        parent_steps: tuple[StepDefinition, ...] = getattr(cls, "_step_definitions", ())
+        cls._step_definitions = ordered_steps(parent_steps, own)  # type: ignore[attr-defined]
+        _validate(cls)
+        if not namespace.get("abstract", False) and any(isinstance(b, WorkflowMeta) for b in bases):
+            cls.name = namespace.get("name") or f"{cls.__module__}.{cls.__qualname__}"  # type: ignore[attr-defined]
+            registry.register(cls)  # type: ignore[arg-type]
+        return cls
+
+
+def _validate(cls: type) -> None:
+    policies = cls.__dict__.get("exception_policies", [])
+    if not isinstance(policies, list | tuple) or not all(isinstance(p, OnException) for p in policies):
+        raise ConfigurationError(f"{cls.__qualname__}.exception_policies must be a list of OnException")
+    options = cls.__dict__.get("step_options", {})
+    if not isinstance(options, dict) or set(options) - {"queue", "priority"}:
+        raise ConfigurationError(f"{cls.__qualname__}.step_options takes only 'queue' and 'priority'")
+    name = cls.__dict__.get("name")
+    if name is not None and (not isinstance(name, str) or not name or len(name) > 255):
+        raise ConfigurationError(f"{cls.__qualname__}.name must be a non-empty string of at most 255 characters")
+
+
+class Workflow(metaclass=WorkflowMeta):
+    """Subclass it, declare ``@step`` methods, call ``start()``. See the README."""
+
+    #: Stable name stored in rows; defaults to "module.QualName".
+    name: ClassVar[str] = "pgbus_workflows.Workflow"
+    #: Class-level exception policies, checked newest first after the step's own.
+    exception_policies: ClassVar[list[OnException]] = []
+    #: Default ``queue`` and ``priority`` for every step of the class.
+    step_options: ClassVar[dict[str, Any]] = {}
+    #: Allow several ongoing runs per subject.
+    allow_multiple: ClassVar[bool] = False
+    #: Keep going when the subject row was deleted (otherwise the run is cancelled).
+    allow_missing_subject: ClassVar[bool] = False
+    #: An abstract class is not registered; its subclasses are.
+    abstract: ClassVar[bool] = True
+    _step_definitions: ClassVar[tuple[StepDefinition, ...]] = ()
+
+    def __init__(self, record: WorkflowRun, *, duplicate_start: bool = False) -> None:
+        self.record = record
+        self.duplicate_start = duplicate_start
+        self._context: StepContext | None = None
+        self._subject_cache: tuple[Any] | None = None
+        self._outputs: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.record.workflow_id} {self.record.status}>"
+
+    # -- class level -------------------------------------------------------------------------
+
+    @classmethod
+    def step_definitions(cls) -> tuple[StepDefinition, ...]:
+        """The live step definitions, in order (gravestones left out)."""
+        return tuple(s for s in cls._step_definitions if not s.removed)
+
+    steps = _StepsAccessor()
+
+    @classmethod
+    def removed_step_names(cls) -> tuple[str, ...]:
+        """The names kept by ``removed_step()`` gravestones."""
+        return tuple(s.name for s in cls._step_definitions if s.removed)
+
+    @classmethod
+    def step_definition(cls, name: str) -> StepDefinition | None:
+        """The definition (or gravestone) of ``name``, or None."""
+        return next((s for s in cls._step_definitions if s.name == name), None)
+
+    @classmethod
+    def require_step(cls, name: str) -> StepDefinition:
+        """The live definition of ``name``; raises :class:`StepNotDefined` listing the steps."""
+        definition = cls.step_definition(name)
+        if definition is None or definition.removed:
+            available = ", ".join(s.name for s in cls.step_definitions()) or "none"
+            raise StepNotDefined(f"Step {name!r} is not defined in {cls.name}. Available steps: {available}")
+        return definition
+
+    @classmethod
+    def next_step_after(cls, name: str | None) -> StepDefinition | None:
+        """The live step after ``name`` (the first for None); gravestones are passed over."""
+        names = [s.name for s in cls._step_definitions]
+        start = 0 if name is None else (names.index(name) + 1 if name in names else len(names))
+        return next((s for s in cls._step_definitions[start:] if not s.removed), None)
+
+    @classmethod
+    def start(cls, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> Any:
+        """Start a run about ``subject`` with JSON ``arguments``; returns its handle.
+
+        Raises :class:`AlreadyRunning` when the subject has an ongoing run; with an
+        ``idempotency_key`` already used, returns the first run with ``duplicate_start``.
+        """
+        from .services.start import start_run
+
+        return start_run(cls, subject, idempotency_key=idempotency_key, arguments=arguments)
+
+    @classmethod
+    def find(cls, workflow_id: Any) -> Any:
+        """The run with this workflow id as a handle of its class, or None.
+
+        ``Workflow.find`` finds any run (a run whose class is gone loads as a bare
+        ``Workflow``); a subclass finds only its own runs.
+        """
+        from .models import WorkflowRun
+
+        try:
+            record = WorkflowRun.objects.filter(workflow_id=workflow_id).first()
+        except Exception:  # a malformed UUID is simply not found
+            return None
+        if record is None:
+            return None
+        klass = registry.get(record.workflow_class) or Workflow
+        return klass(record) if issubclass(klass, cls) else None
+
+    @classmethod
+    def removed_steps_in_flight(cls) -> dict[str, int]:
+        """``{removed step name: ongoing runs still on it}``; a gravestone can go at zero."""
+        from django.db.models import Count
+
+        from .models import WorkflowRun
+
+        names = cls.removed_step_names()
+        if not names:
+            return {}
+        rows = (
+            WorkflowRun.objects.ongoing()
+            .filter(workflow_class=cls.name, current_step__in=names)
+            .values("current_step")
+            .annotate(n=Count("pk"))
+        )
+        counts = {row["current_step"]: row["n"] for row in rows}
+        return {name: counts.get(name, 0) for name in names}
+
+    def cancel_if(self) -> bool:
+        """Override to cancel the run before any step when it returns True."""
+        return False
+
+    # -- the handle ----------------------------------------------------------------------------
+
+    @property
+    def workflow_id(self) -> Any:
+        """The run's public id (a UUID)."""
+        return self.record.workflow_id
+
+    @property
+    def status(self) -> str:
+        """The run's status as last loaded (``reload()`` refreshes it)."""
+        return self.record.status
+
+    @property
+    def current_step(self) -> str:
+        """The name of the run's active (or last) step."""
+        return self.record.current_step
+
+    @property
+    def events(self) -> QuerySet[WorkflowEvent]:
+        """The run's audit trail, oldest first."""
+        return self.record.events.order_by("id")
+
+    @property
+    def signals(self) -> QuerySet[WorkflowSignal]:
+        """Signals delivered to the run, oldest first."""
+        return self.record.signals.order_by("id")
+
+    def reload(self) -> Workflow:
+        """Re-read the run's row; returns self."""
+        self.record.refresh_from_db()
+        self._outputs = None
+        return self
+
+    @property
+    def subject(self) -> Any:
+        """The model instance the run is about (None when it had none or it was deleted)."""
+        if self._subject_cache is None:
+            from .services.payload import load_subject
+
+            self._subject_cache = (load_subject(self.record.subject_type, self.record.subject_id),)
+        return self._subject_cache[0]
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """The JSON arguments given to ``start()``."""
+        return self.record.arguments  # type: ignore[no-any-return]
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        """Step name -> the output of its latest successful attempt."""
+        if self._outputs is None:
+            from .models import WorkflowStep
+
+            rows = WorkflowStep.objects.filter(run_id=self.record.pk, outcome="success").order_by("id")
+            self._outputs = dict(rows.values_list("step_name", "output"))
+        return self._outputs
+
+    # operator verbs: each takes actor= and reason= and writes an event
+
+    def pause(self, reason: str | None = None, *, actor: str | None = None) -> Any:
+        """Pause the run (in a step body: end the body and pause the run)."""
+        if self._context is not None:
+            raise FlowControl("pause", reason=reason)
+        from .services import operator
+
+        return self._after(operator.pause(self.record.pk, actor=actor, reason=reason))
+
+    def cancel(self, reason: str | None = None, *, actor: str | None = None) -> Any:
+        """Cancel the run (in a step body: end the body and cancel the run)."""
+        if self._context is not None:
+            raise FlowControl("cancel", reason=reason)
+        from .services import operator
+
+        return self._after(operator.cancel(self.record.pk, actor=actor, reason=reason))
+
+    def skip(self, reason: str | None = None, *, actor: str | None = None) -> Any:
+        """Skip the current step (in a step body: end the body, skip this step)."""
+        if self._context is not None:
+            raise FlowControl("skip", reason=reason)
+        from .services import operator
+
+        return self._after(operator.skip(self.record.pk, actor=actor, reason=reason))
+
+    def resume(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
+        """Resume a paused run where it stopped."""
+        from .services import operator
+
+        return self._after(operator.resume(self.record.pk, actor=actor, reason=reason))
+
+    def resume_at(self, step_name: str, *, actor: str | None = None, reason: str | None = None) -> Workflow:
+        """Resume a paused run at ``step_name`` (run now)."""
+        from .services import operator
+
+        return self._after(operator.resume_at(self.record.pk, step_name, actor=actor, reason=reason))
+
+    def run_now(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
+        """Make the run's scheduled step due now, whatever its ``wait``."""
+        from .services import operator
+
+        return self._after(operator.run_now(self.record.pk, actor=actor, reason=reason))
+
+    def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
+        """Start a new run of a finished or cancelled run's class, subject and arguments."""
+        from .services import operator
+
+        new_record = operator.rerun(self.record.pk, actor=actor, reason=reason)
+        klass = registry.get(new_record.workflow_class) or Workflow
+        return klass(new_record)
+
+    def _after(self, record: WorkflowRun) -> Workflow:
+        self.record = record
+        self._outputs = None
+        return self
+
+    # -- inside a step body ----------------------------------------------------------------------
+
+    def _step_context(self, what: str) -> StepContext:
+        if self._context is None:
+            raise NotInStep(f"{what} is only available inside a running step body")
+        return self._context
+
+    @property
+    def step_idempotency_key(self) -> str:
+        """A key stable across the reattempts of this step in this run."""
+        step = self._step_context("step_idempotency_key").step
+        return f"{self.record.workflow_id}:{step.step_name}"
+
+    @property
+    def attempt(self) -> int:
+        """The 1-based attempt number of the running step."""
+        return self._step_context("attempt").step.attempt
+
+    @property
+    def received_signal(self) -> WorkflowSignal | None:
+        """The signal that woke this ``wait_for`` step (None when its wait timed out)."""
+        return self._step_context("received_signal").received_signal
+
+    @property
+    def timed_out(self) -> bool:
+        """True when this ``wait_for`` step runs because its ``wait_timeout`` passed."""
+        return self._step_context("timed_out").timed_out
+
+    def reattempt(self, wait: timedelta | float | None = None) -> None:
+        """End the body and run this step again after ``wait`` (does not count as an error)."""
+        self._step_context("reattempt()")
+        raise FlowControl("reattempt", wait=wait)
+
+    def finished(self) -> None:
+        """End the body and finish the run now; later steps do not run."""
+        self._step_context("finished()")
+        raise FlowControl("finished")
+
+    def output(self, value: Any) -> None:
+        """End the body with ``value`` as its JSON output (the same as returning it)."""
+        self._step_context("output()")
+        raise FlowControl("output", value=value)

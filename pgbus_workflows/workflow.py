@@ -68,7 +68,7 @@ class WorkflowMeta(type):
     """Collects the steps of a class body in order, validates them and registers the class."""
 
     @classmethod
-    def __prepare__(cls, name: str, bases: tuple[type, ...], **kwargs: Any) -> MutableMapping[str, object]:
+    def __prepare__(cls, name: str, bases: tuple[type, ...], /, **kwargs: Any) -> MutableMapping[str, object]:
         return _StepNamespace(name)
 
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> WorkflowMeta:

@@ -1,10 +1,9 @@
 """Workflow classes the tests use, one per behaviour (autodiscovered like a user's)."""
 
-from datetime import timedelta
 
-from pgbus_workflows import OnException, Workflow, removed_step, step
+from pgbus_workflows import Workflow, step
 
-from .models import Receipt, SideEffect
+from .models import SideEffect
 
 
 def record(label: str, key: str = "") -> None:

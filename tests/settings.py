@@ -1,5 +1,8 @@
 """Settings of the test project: PostgreSQL from DATABASE_URL (django-environ)."""
 
+import json
+import os
+
 import environ
 
 env = environ.Env()
@@ -41,4 +44,5 @@ DATABASES = {"default": env.db("DATABASE_URL", default="postgres://root@127.0.0.
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
-PGBUS_WORKFLOWS = {"MAX_PAYLOAD_SIZE": 4096}
+# Dispatcher subprocesses started by the tests get short thresholds through this variable.
+PGBUS_WORKFLOWS = {"MAX_PAYLOAD_SIZE": 4096, **json.loads(os.environ.get("PGBUS_WORKFLOWS_JSON", "{}"))}

@@ -58,6 +58,8 @@ class RunLedger:
         self._run_fields: set[str] = set()
         self._queues: set[str] = set()
         self._after_commit: list[tuple[Any, dict[str, Any]]] = []
+        #: The attempt this unit of work scheduled, if any.
+        self.scheduled: WorkflowStep | None = None
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
@@ -183,11 +185,16 @@ class RunLedger:
         )
         self.set_run(current_step=definition.name)
         self._queues.add(queue)
+        self.scheduled = step
         return step
 
     def wake(self, queue: str) -> None:
         """NOTIFY the dispatchers of ``queue`` when this unit of work commits."""
         self._queues.add(queue)
+
+    def unwake(self, queue: str) -> None:
+        """No NOTIFY for ``queue`` after all (the step was claimed in this unit of work)."""
+        self._queues.discard(queue)
 
     def flush(self) -> None:
         """Save the run, insert the events, queue the NOTIFY and the after-commit signals."""

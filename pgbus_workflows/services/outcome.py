@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from ..conf import settings
 from ..definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
-from ..exceptions import StepNotDefined
+from ..exceptions import StepNotDefined, StepStalled
 from ..models import WorkflowStep
 from ..states import RunStatus, StepOutcomeKind, StepStatus
 from .ledger import RunLedger
@@ -240,3 +241,37 @@ def _apply_error(
         ledger.move_step(step, StepStatus.FAILED, outcome=StepOutcomeKind.FAILED, **error_fields)
         message = f"{error_fields['error_class']}: {error_fields['error_message']}"
         _pause(ledger, step, "hold", kind="step_failed", actor=actor, reason=reason or message[:2000], details=details)
+
+
+def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str) -> None:
+    """Apply ``STALL_ACTION`` to an in-progress attempt that outlived its ``stall_at`` or its dispatcher.
+
+    The attempt fails with :class:`StepStalled` recorded (outcome ``stalled``, which ends
+    a run of error reattempts); ``reattempt`` schedules the step again now, ``pause`` and
+    ``cancel`` stop the run. A body still running somewhere has its late outcome discarded.
+    """
+    action = settings.STALL_ACTION
+    since = step.started_at.isoformat() if step.started_at else "?"
+    error = StepStalled(
+        f"Step {step.step_name} attempt {step.attempt} (claimed by {step.claimed_by or '?'} at {since}) "
+        f"stalled: {detection}"
+    )
+    ledger.move_step(
+        step,
+        StepStatus.FAILED,
+        outcome=StepOutcomeKind.STALLED,
+        error_class=_class_name(error),
+        error_message=str(error),
+    )
+    details = {"detection": detection, "action": action, "claimed_by": step.claimed_by}
+    if action == "reattempt":
+        definition = ledger.cls.step_definition(step.step_name)
+        if definition is not None:
+            ledger.schedule(definition, wait=timedelta(0), attempt=step.attempt + 1)
+            _advance(ledger, step, kind="step_stalled", details=details)
+            return
+        action = "pause"
+    if action == "cancel":
+        ledger.transition("cancel", RunStatus.CANCELLED, kind="step_stalled", step=step, details=details)
+    else:
+        _pause(ledger, step, "hold", kind="step_stalled", reason=str(error), details=details)

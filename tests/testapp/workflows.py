@@ -1,5 +1,11 @@
-"""Workflow classes the tests use, one per behaviour (autodiscovered like a user's)."""
+"""Workflow classes the tests use, one per behaviour (autodiscovered like a user's).
 
+Dispatcher subprocesses find these through autodiscovery, so the tests that start real
+dispatchers use the classes defined here.
+"""
+
+import time
+from datetime import timedelta
 
 from pgbus_workflows import Workflow, step
 
@@ -8,10 +14,6 @@ from .models import SideEffect
 
 def record(label: str, key: str = "") -> None:
     SideEffect.objects.create(label=label, key=key)
-
-
-class Flaky(Exception):
-    """Raised by steps that fail on purpose."""
 
 
 class ThreeSteps(Workflow):
@@ -30,3 +32,69 @@ class ThreeSteps(Workflow):
     @step
     def three(self):
         record("three")
+
+
+def mark(workflow, label: str) -> None:
+    """Record that this attempt reached ``label`` (key: run, step, attempt)."""
+    record(label, f"{workflow.workflow_id}:{workflow.step_idempotency_key.split(':')[-1]}:{workflow.attempt}")
+
+
+class Counted(Workflow):
+    """Three steps, each recording one SideEffect per attempt: duplicates would show."""
+
+    name = "counted"
+
+    @step
+    def first(self):
+        mark(self, "first")
+
+    @step
+    def second(self):
+        mark(self, "second")
+
+    @step
+    def third(self):
+        mark(self, "third")
+
+
+class Slow(Workflow):
+    """A step that takes ``seconds`` (argument) and records when it starts and ends."""
+
+    name = "slow"
+
+    @step
+    def work(self):
+        mark(self, "slow-start")
+        time.sleep(self.arguments.get("seconds", 2))
+        mark(self, "slow-end")
+
+    @step
+    def after(self):
+        mark(self, "after")
+
+
+class HangsOnce(Workflow):
+    """The first attempt hangs far past its timeout; the sweep stalls it and the next one ends at once."""
+
+    name = "hangs_once"
+
+    @step(timeout=timedelta(seconds=1))
+    def hang(self):
+        mark(self, "hang-start")
+        if self.attempt == 1:
+            time.sleep(self.arguments.get("seconds", 4))
+        mark(self, "hang-end")
+
+
+class Waits(Workflow):
+    """The second step waits two seconds after the first."""
+
+    name = "waits"
+
+    @step
+    def now(self):
+        mark(self, "now")
+
+    @step(wait=timedelta(seconds=2))
+    def later(self):
+        mark(self, "later")

@@ -1,0 +1,307 @@
+"""The dispatcher process: claims due steps, runs them on worker threads, sweeps.
+
+The main thread registers a ``Dispatcher`` row and heartbeats it, claims up to the free
+worker slots in one query, hands each claimed attempt to a worker thread (each with its own
+database connection), and runs the sweep when it is due. A listener thread LISTENs on
+``NOTIFY_CHANNEL`` and wakes the main thread; a timer set to the earliest future
+``scheduled_at`` and a poll every ``POLL_INTERVAL`` are the fallbacks.
+
+What a step does lives in ``services.executor``; this module is only the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+from django.db import InterfaceError, OperationalError, connection
+from django.db.models import Min
+from django.utils import timezone
+
+from .conf import settings
+from .models import Dispatcher, WorkflowStep
+from .services.executor import Chain, claim_due_steps, execute_step
+from .states import RunStatus, StepStatus
+from .sweep import Sweeper, stall
+
+logger = logging.getLogger("pgbus_workflows")
+
+DB_ERRORS = (OperationalError, InterfaceError)
+
+
+class WorkflowDispatcher:
+    """One dispatcher process. ``run()`` returns the exit code."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 4,
+        queues: list[str] | None = None,
+        once: bool = False,
+        sweep: bool = True,
+        sweep_only: bool = False,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        self.concurrency = concurrency
+        self.queues = frozenset(queues) if queues else None
+        self.once = once
+        self.sweep = sweep or sweep_only
+        self.sweep_only = sweep_only
+        self.shutdown_timeout = shutdown_timeout
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.sweeper = Sweeper()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._signals = 0
+        self._lock = threading.Lock()
+        self._inflight: dict[int, Future[None]] = {}
+        self._next_sweep = 0.0
+        self._next_heartbeat = 0.0
+        self._orphans_possible = threading.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until stopped (or, with ``once``, until nothing is due); returns 0."""
+        self._register()
+        queues = ", ".join(sorted(self.queues)) if self.queues else "all"
+        logger.info(
+            "Dispatcher %s started: queues %s, concurrency %d%s",
+            self.name,
+            queues,
+            self.concurrency,
+            " (sweep only)" if self.sweep_only else "" if self.sweep else " (no sweep)",
+        )
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="pgbus-worker")
+        listener = None
+        if connection.vendor == "postgresql" and not self.sweep_only and not self.once:
+            listener = threading.Thread(target=self._listen, name="pgbus-listener", daemon=True)
+            listener.start()
+        with _stop_signals(self._on_signal):
+            try:
+                self._loop(pool)
+            finally:
+                abandoned = self._shut_down(pool)
+        if abandoned:
+            # Worker threads still run bodies whose attempts were stalled: do not wait for them.
+            logging.shutdown()
+            os._exit(0)
+        return 0
+
+    def stop(self) -> None:
+        """Stop claiming; running steps finish (up to the shutdown timeout)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("Second signal: exiting at once; running steps are left to the sweep")
+            os._exit(1)
+        logger.info("Signal %s: finishing running steps, then exiting (signal again to exit at once)", signum)
+        self.stop()
+
+    def _register(self) -> None:
+        now = timezone.now()
+        Dispatcher.objects.update_or_create(
+            name=self.name,
+            defaults={
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "queues": sorted(self.queues) if self.queues else [],
+                "concurrency": self.concurrency,
+                "started_at": now,
+                "heartbeat_at": now,
+            },
+        )
+
+    def _heartbeat(self) -> None:
+        if not Dispatcher.objects.filter(name=self.name).update(heartbeat_at=timezone.now()):
+            logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
+            self._register()
+
+    def _shut_down(self, pool: ThreadPoolExecutor) -> bool:
+        """Wait for running steps up to the timeout; stall what is left. True when some were abandoned."""
+        with self._lock:
+            futures = list(self._inflight.values())
+        if futures:
+            logger.info("Waiting up to %ss for %d running step(s)", self.shutdown_timeout, len(futures))
+        _, not_done = wait_futures(futures, timeout=self.shutdown_timeout)
+        pool.shutdown(wait=not not_done, cancel_futures=True)
+        try:
+            if not_done:
+                self._stall_own("shutdown_timeout")
+            Dispatcher.objects.filter(name=self.name).delete()
+        except DB_ERRORS:
+            logger.exception("Could not release dispatcher %s; the sweep will", self.name)
+        logger.info("Dispatcher %s stopped", self.name)
+        return bool(not_done)
+
+    def _stall_own(self, detection: str, keep: set[int] | None = None) -> int:
+        """Stall this dispatcher's in-progress attempts that no worker thread runs."""
+        now = timezone.now()
+        rows = WorkflowStep.objects.filter(status=StepStatus.IN_PROGRESS, claimed_by=self.name)
+        stalled = 0
+        for step_pk, run_pk in rows.values_list("pk", "run_id"):
+            if keep is None or step_pk not in keep:
+                stalled += stall(step_pk, run_pk, detection=detection, now=now)
+        return stalled
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _loop(self, pool: ThreadPoolExecutor) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            try:
+                timeout = self._tick(pool)
+                backoff = 0.5
+            except DB_ERRORS as error:
+                logger.warning("Database unavailable (%s); retrying in %.1fs", str(error).strip(), backoff)
+                connection.close()
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                self._recover_after_outage()
+                continue
+            if timeout is None:
+                return
+            self._wake.wait(timeout)
+            self._wake.clear()
+
+    def _tick(self, pool: ThreadPoolExecutor) -> float | None:
+        """One round: heartbeat, sweep, claim. Returns how long to sleep (None: ``once`` is done)."""
+        clock = time.monotonic()
+        if self._orphans_possible.is_set():
+            self._orphans_possible.clear()
+            self._recover_after_outage()
+        if clock >= self._next_heartbeat:
+            self._heartbeat()
+            self._next_heartbeat = clock + settings.HEARTBEAT_INTERVAL.total_seconds()
+        if self.sweep and clock >= self._next_sweep:
+            self.sweeper.run()
+            self._next_sweep = clock + settings.SWEEP_INTERVAL.total_seconds()
+        if self.sweep_only:
+            return None if self.once else self._sleep_until_due(clock)
+        with self._lock:
+            free = self.concurrency - len(self._inflight)
+        claimed = claim_due_steps(free, self.queues, self.name) if free > 0 else []
+        for step in claimed:
+            self._submit(pool, step)
+        if len(claimed) == free and free > 0:
+            return 0.0  # more may be due: claim again as soon as a slot is free
+        if self.once:
+            with self._lock:
+                busy = bool(self._inflight)
+            return 0.05 if busy or claimed else None
+        return self._sleep_until_due(clock)
+
+    def _sleep_until_due(self, clock: float) -> float:
+        timeout = min(settings.POLL_INTERVAL.total_seconds(), self._next_heartbeat - clock)
+        if self.sweep:
+            timeout = min(timeout, self._next_sweep - clock)
+        if not self.sweep_only:
+            due = self._next_due_at()
+            if due is not None:
+                timeout = min(timeout, (due - timezone.now()).total_seconds())
+        return max(timeout, 0.0)
+
+    def _next_due_at(self) -> datetime | None:
+        """The earliest ``scheduled_at`` still ahead, so a ``wait`` ending between polls is met."""
+        steps = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, run__status=RunStatus.READY)
+        if self.queues is not None:
+            steps = steps.filter(queue__in=self.queues)
+        value: datetime | None = steps.aggregate(at=Min("scheduled_at"))["at"]
+        return value
+
+    def _submit(self, pool: ThreadPoolExecutor, step: WorkflowStep) -> None:
+        with self._lock:
+            future = pool.submit(self._work, step)
+            self._inflight[step.pk] = future
+        future.add_done_callback(lambda _: self._done(step.pk))
+
+    def _done(self, step_pk: int) -> None:
+        with self._lock:
+            self._inflight.pop(step_pk, None)
+        self._wake.set()
+
+    def _work(self, step: WorkflowStep) -> None:
+        """Run a claimed attempt, then whatever its outcome chained for this worker."""
+        chain = Chain(self.name, self.queues, stop=self._stopping)
+        current: WorkflowStep | None = step
+        while current is not None:
+            try:
+                execute_step(current, chain=chain)
+            except Exception:
+                logger.exception("Step %s of run %s could not be finished", current.step_name, current.run_id)
+                connection.close()
+                self._orphans_possible.set()
+                return
+            current = chain.take()
+
+    def _recover_after_outage(self) -> None:
+        """A claim whose commit we did not see may have committed: stall attempts no worker runs."""
+        try:
+            with self._lock:
+                running = set(self._inflight)
+            recovered = self._stall_own("orphaned_claim", keep=running)
+            if recovered:
+                logger.warning("Recovered %d step(s) claimed before the connection dropped", recovered)
+        except DB_ERRORS:
+            connection.close()
+
+    # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        """Wake the main thread on every NOTIFY for a served queue; reconnect with backoff."""
+        import psycopg
+        from psycopg import sql
+
+        backoff = 0.5
+        channel = settings.NOTIFY_CHANNEL
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(**_listen_params(), autocommit=True) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self._wake.set()  # anything sent while we were away
+                    backoff = 0.5
+                    while not self._stopping.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            if self.queues is None or note.payload in self.queues:
+                                self._wake.set()
+            except psycopg.Error as error:
+                logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", str(error).strip(), backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+
+def _listen_params() -> dict[str, Any]:
+    """psycopg connection parameters for the default database, from Django's settings."""
+    params = connection.get_connection_params()
+    keep = ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "options")
+    return {k: v for k, v in params.items() if k in keep and v not in (None, "")}
+
+
+@contextmanager
+def _stop_signals(handler: Any) -> Iterator[None]:
+    """Install SIGTERM/SIGINT handlers for the block and restore the previous ones."""
+    if threading.current_thread() is not threading.main_thread():
+        logger.warning("Not on the main thread: SIGTERM/SIGINT are not handled")
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,98 @@
+"""``manage.py run_workflow_dispatcher``: run workflow steps and the sweep."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from ...dispatcher import WorkflowDispatcher
+
+LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def non_negative_seconds(value: str) -> float:
+    """argparse type: a number of seconds >= 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return seconds
+
+
+def queue_name(value: str) -> str:
+    """argparse type: a non-empty queue name."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("a queue name must not be empty")
+    return value.strip()
+
+
+class Command(BaseCommand):
+    """Run a workflow dispatcher until SIGTERM/SIGINT (or, with --once, until nothing is due)."""
+
+    help = (
+        "Run workflow steps (worker threads woken by LISTEN/NOTIFY) and the sweep. "
+        "SIGTERM/SIGINT: finish running steps and exit 0; a second signal exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        """Declare the flags; every value is validated here, not deep in the loop."""
+        parser.add_argument(
+            "--concurrency", type=positive_int, default=4, help="worker threads, each with its own connection (4)"
+        )
+        parser.add_argument(
+            "--queue",
+            dest="queues",
+            action="append",
+            type=queue_name,
+            metavar="NAME",
+            help="serve only this queue (repeatable; default: every queue)",
+        )
+        parser.add_argument("--once", action="store_true", help="run the sweep once, drain what is due, then exit")
+        sweep = parser.add_mutually_exclusive_group()
+        sweep.add_argument("--no-sweep", action="store_true", help="never run the sweep in this process")
+        sweep.add_argument("--sweep-only", action="store_true", help="run only the sweep (no steps)")
+        parser.add_argument(
+            "--shutdown-timeout",
+            type=non_negative_seconds,
+            default=30.0,
+            metavar="S",
+            help="seconds to let running steps finish after SIGTERM (30)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Configure logging from --verbosity and run the dispatcher."""
+        logger = logging.getLogger("pgbus_workflows")
+        logger.setLevel(LEVELS.get(options["verbosity"], logging.DEBUG))
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stdout)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(message)s"))
+            logger.addHandler(handler)
+            logger.propagate = False
+        dispatcher = WorkflowDispatcher(
+            concurrency=options["concurrency"],
+            queues=options["queues"],
+            once=options["once"],
+            sweep=not options["no_sweep"],
+            sweep_only=options["sweep_only"],
+            shutdown_timeout=options["shutdown_timeout"],
+        )
+        code = dispatcher.run()
+        if code:
+            sys.exit(code)

@@ -29,7 +29,7 @@ class DispatcherProcess:
     """``manage.py run_workflow_dispatcher`` in a subprocess; its output goes to a temp file."""
 
     def __init__(self, *args: str, settings: dict[str, Any] | None = None) -> None:
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop()
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         env = {
             **os.environ,
             "DATABASE_URL": database_url(),

@@ -37,7 +37,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             continue
         try:
             duration = as_duration(value)
-        except TypeError:
+        except (TypeError, ValueError, OverflowError):
             errors.append(_error(key, f"must be seconds or a timedelta, got {value!r}", "E003"))
             continue
         if duration <= timedelta(0):

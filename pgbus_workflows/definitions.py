@@ -195,6 +195,8 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
     timeout = options.get("timeout")
     wait_timeout = options.get("wait_timeout")
     wait_for = options.get("wait_for")
+    if wait_for is not None and not isinstance(wait_for, str | list | tuple):
+        raise ConfigurationError(f"wait_for must be a signal name or a list of names, got {wait_for!r}")
     names = (wait_for,) if isinstance(wait_for, str) else tuple(wait_for or ())
     if any(not isinstance(n, str) or not n for n in names):
         raise ConfigurationError(f"wait_for must be a signal name or a list of names, got {wait_for!r}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .definitions import OnException, StepDefinition, ordered_steps, with_name
+from .definitions import OnException, StepDefinition, coerce_duration, ordered_steps, with_name
 from .exceptions import ConfigurationError, NotInStep, StepNotDefined
 from .registry import registry
 
@@ -92,6 +92,12 @@ def _validate(cls: type) -> None:
     options = cls.__dict__.get("step_options", {})
     if not isinstance(options, dict) or set(options) - {"queue", "priority"}:
         raise ConfigurationError(f"{cls.__qualname__}.step_options takes only 'queue' and 'priority'")
+    queue = options.get("queue")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise ConfigurationError(f"{cls.__qualname__}.step_options['queue'] must be a non-empty string, got {queue!r}")
+    priority = options.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ConfigurationError(f"{cls.__qualname__}.step_options['priority'] must be an integer, got {priority!r}")
     name = cls.__dict__.get("name")
     if name is not None and (not isinstance(name, str) or not name or len(name) > 255):
         raise ConfigurationError(f"{cls.__qualname__}.name must be a non-empty string of at most 255 characters")
@@ -356,7 +362,7 @@ class Workflow(metaclass=WorkflowMeta):
     def reattempt(self, wait: timedelta | float | None = None) -> None:
         """End the body and run this step again after ``wait`` (does not count as an error)."""
         self._step_context("reattempt()")
-        raise FlowControl("reattempt", wait=wait)
+        raise FlowControl("reattempt", wait=coerce_duration(wait or 0, "reattempt(wait=)"))
 
     def finished(self) -> None:
         """End the body and finish the run now; later steps do not run."""

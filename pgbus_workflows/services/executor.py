@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from ..conf import settings
@@ -166,7 +166,7 @@ def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed
     """Claim and run due steps one batch at a time until none is due; returns how many ran."""
     ran = 0
     while True:
-        claimed = claim_due_steps(min(limit, 100), queues, claimed_by)
+        claimed = claim_due_steps(min(limit - ran, 100), queues, claimed_by)
         for step in claimed:
             execute_step(step)
         ran += len(claimed)
@@ -182,6 +182,8 @@ def execute_step(step: WorkflowStep, *, chain: Chain | None = None) -> StepOutco
     Writing the outcome is retried when the database connection drops (outside a
     transaction of the caller's), so an attempt that ran is not left claimed.
     """
+    if not WorkflowStep.objects.filter(pk=step.pk, status=StepStatus.IN_PROGRESS).exists():
+        return None  # cancelled (or stalled) between the claim and now: nothing runs
     run = step.run
     cls = workflow_class(run)
     workflow = cls(run)
@@ -244,6 +246,7 @@ def _execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None)
                 outcome = _run_body(workflow, locked)
                 if outcome.kind == "error":
                     raise _RollBack(outcome)
+                outcome = _check_deferred_constraints(outcome)
         except _RollBack as rollback:
             outcome = rollback.outcome
         apply_outcome(ledger, locked, outcome)
@@ -252,9 +255,37 @@ def _execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None)
     return outcome
 
 
+def _check_deferred_constraints(outcome: StepOutcome) -> StepOutcome:
+    """Check the body's deferred constraints (Django's foreign keys) now, inside its savepoint.
+
+    Otherwise a dangling foreign key would only fail at the outcome's COMMIT, after the
+    outcome was applied: the error must roll the body back and go to the policy instead.
+    """
+    if connection.vendor != "postgresql":
+        return outcome
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+    except IntegrityError as error:
+        raise _RollBack(StepOutcome.from_error(error)) from error
+    return outcome
+
+
 def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
-    """The claim guards in pgbus's order; None when the body may run."""
+    """The claim guards in pgbus's order; None when the body may run.
+
+    The subject first (a run about a deleted row is cancelled), then the definition (a
+    gravestone skips on, an unknown step pauses), then ``cancel_if``, then ``skip_if``.
+    """
     cls = type(workflow)
+    try:
+        if workflow.record.subject_type and workflow.subject is None and not cls.allow_missing_subject:
+            return StepOutcome(
+                "cancel", reason=f"subject {workflow.record.subject_type} {workflow.record.subject_id} no longer exists"
+            )
+    except Exception as error:
+        return StepOutcome.from_error(error, precondition=True)
     definition = cls.step_definition(step.step_name)
     if definition is None:
         error = StepNotDefined(
@@ -265,10 +296,6 @@ def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
     if definition.removed:
         return StepOutcome("skip", reason="removed step", details={"removed": True})
     try:
-        if workflow.record.subject_type and workflow.subject is None and not cls.allow_missing_subject:
-            return StepOutcome(
-                "cancel", reason=f"subject {workflow.record.subject_type} {workflow.record.subject_id} no longer exists"
-            )
         if workflow.cancel_if():
             return StepOutcome("cancel", reason="cancel_if")
         if _skip_if(workflow, definition.skip_if):

@@ -154,11 +154,16 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
         active = ledger.active_step()
         if active is not None and active.status != StepStatus.SCHEDULED:
             raise InvalidTransition(f"Cannot skip on a {run.status} workflow: its step is {active.status}")
-        if run.status == RunStatus.PAUSED:
-            ledger.transition("resume", RunStatus.READY, kind="resumed", actor=actor, reason=reason, step=active)
         current = active or _last_attempt(ledger)
         if current is None:
             raise InvalidTransition(f"Cannot skip on workflow {run.workflow_id}: it has no step")
+        if ledger.cls.step_definition(current.step_name) is None:
+            raise StepNotDefined(
+                f"Cannot skip {run.workflow_id}: its step {current.step_name!r} is not defined in "
+                f"{run.workflow_class}, so there is no next step to go to; resume_at() another step or cancel it"
+            )
+        if run.status == RunStatus.PAUSED:
+            ledger.transition("resume", RunStatus.READY, kind="resumed", actor=actor, reason=reason, step=active)
         if active is not None:
             ledger.move_step(active, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED)
         continue_after(

@@ -98,3 +98,31 @@ class Waits(Workflow):
     @step(wait=timedelta(seconds=2))
     def later(self):
         mark(self, "later")
+
+
+class NoOp3(Workflow):
+    """Three empty steps: what the benchmarks measure is the engine, not the bodies."""
+
+    name = "noop3"
+
+    @step
+    def a(self):
+        pass
+
+    @step
+    def b(self):
+        pass
+
+    @step
+    def c(self):
+        pass
+
+
+class NoOp1(Workflow):
+    """One empty step (the latency benchmark)."""
+
+    name = "noop1"
+
+    @step
+    def only(self):
+        pass

@@ -288,11 +288,11 @@ def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
         return StepOutcome.from_error(error, precondition=True)
     definition = cls.step_definition(step.step_name)
     if definition is None:
-        error = StepNotDefined(
+        undefined = StepNotDefined(
             f"Step {step.step_name!r} is not defined in {workflow.record.workflow_class}"
             + ("" if cls is not Workflow else " (the class is not registered: was it deleted or renamed?)")
         )
-        return StepOutcome.from_error(error, forced_action="pause")
+        return StepOutcome.from_error(undefined, forced_action="pause")
     if definition.removed:
         return StepOutcome("skip", reason="removed step", details={"removed": True})
     try:

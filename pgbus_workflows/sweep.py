@@ -7,6 +7,8 @@ is logged and retried next time without stopping the others):
   is dead; its in-progress steps get ``STALL_ACTION`` at once (detection ``dead_dispatcher``).
 - ``stalled``: an in-progress step past its ``stall_at`` (started + ``timeout=`` or
   ``STALL_THRESHOLD``) gets ``STALL_ACTION`` (detection ``stall_at``).
+- ``wait_timeouts``: waiting steps of waiting runs past their ``timeout_at`` get their
+  ``on_timeout`` (at most 500 x 20 per sweep), so a timeout fires within one interval.
 - ``cleanup`` (hourly): finished and cancelled runs older than ``RETENTION`` are deleted
   in batches of 500; their steps, events and signals go with them (ON DELETE CASCADE).
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
@@ -32,6 +34,7 @@ from .models import Dispatcher, WorkflowRun, WorkflowStep
 from .registry import registry
 from .services.ledger import locked_run
 from .services.outcome import stall_step
+from .services.waiting import expire_due_waits
 from .states import TERMINAL_RUN, RunStatus, StepStatus
 
 logger = logging.getLogger("pgbus_workflows")
@@ -172,6 +175,7 @@ class Sweeper:
         phases: list[tuple[str, Callable[[datetime], int]]] = [
             ("dead_dispatchers", stall_dead_dispatchers),
             ("stalled", stall_overdue_steps),
+            ("wait_timeouts", expire_due_waits),
         ]
         if cleanup:
             phases.append(("cleanup", delete_expired_runs))

@@ -8,6 +8,8 @@
             self.perform_next_step(wf)             # runs the first step now
             self.run_step_inline(wf, "reminder")   # raises unless "reminder" is next
             self.speedrun_workflow(wf)             # every step until the run is not ready
+            self.deliver_signal(wf, "paid", {"amount": 42})   # signal, then the step it woke
+            self.expire_wait(wf)                   # the waiting step's on_timeout applies now
             self.assertWorkflowStatus(wf, "finished")
 
 Every step runs through the real executor (claim, guards, policies, the audit trail)
@@ -26,6 +28,8 @@ from .exceptions import StepWaiting, TestHelperError
 from .models import WorkflowStep
 from .services import operator
 from .services.executor import claim_step, execute_step
+from .services.ledger import locked_run
+from .services.waiting import fire_timeout, waiting_step
 from .states import RunStatus, StepStatus
 from .workflow import Workflow
 
@@ -33,7 +37,7 @@ ACTOR = "test_helpers"
 
 
 def _waiting_for(workflow: Workflow) -> str:
-    step = WorkflowStep.objects.filter(run_id=workflow.record.pk, status=StepStatus.WAITING).order_by("pk").last()
+    step = waiting_step(workflow.record)
     if step is None:
         return "is waiting"
     names = ", ".join(step.wait_for or [])
@@ -116,6 +120,30 @@ class WorkflowTestMixin:
         if status not in (RunStatus.READY, RunStatus.PERFORMING):
             return workflow
         raise TestHelperError(f"{workflow!r} was still {status} after {max_steps} steps")
+
+    def deliver_signal(
+        self, workflow: Workflow, name: str, payload: Any = None, idempotency_key: str | None = None
+    ) -> Workflow:
+        """Signal the run, then run the step it scheduled (the one it woke, or one that takes it).
+
+        A duplicate delivery (a repeated idempotency key) wakes nothing, so it runs nothing.
+        """
+        signal = workflow.signal(name, payload, idempotency_key, actor=ACTOR, reason="delivered by a test helper")
+        if signal.duplicate_delivery:
+            return workflow.reload()
+        return self.perform_next_step(workflow)
+
+    def expire_wait(self, workflow: Workflow) -> Workflow:
+        """Apply the waiting step's ``on_timeout`` now, whatever its ``timeout_at``."""
+        step = waiting_step(workflow.record)
+        if step is None or step.timeout_at is None:
+            raise TestHelperError(f"{workflow!r} has no waiting step with a wait_timeout")
+        with locked_run(workflow.record.pk) as ledger:
+            locked = ledger.lock_step(step.pk)
+            if locked is None or locked.status != StepStatus.WAITING:
+                raise TestHelperError(f"{workflow!r}: step {step.step_name} stopped waiting")
+            fire_timeout(ledger, locked)
+        return workflow.reload()
 
     def assertWorkflowStatus(self, workflow: Workflow, status: str) -> None:  # noqa: N802 - unittest style
         """Fail unless the reloaded run has ``status``."""

@@ -74,12 +74,18 @@ class WorkflowMeta(type):
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> WorkflowMeta:
         cls = super().__new__(mcs, name, bases, dict(namespace), **kwargs)
         own = [with_name(v, key) for key, v in namespace.items() if isinstance(v, StepDefinition)]
+        base = next((b for b in bases if isinstance(b, WorkflowMeta)), None)
+        for definition in own:
+            if base is not None and hasattr(Workflow, definition.name):
+                raise ConfigurationError(
+                    f"Step {definition.name!r} in {name} would hide Workflow.{definition.name}: choose another name"
+                )
         for definition in own:
             setattr(cls, definition.name, definition)
         parent_steps: tuple[StepDefinition, ...] = getattr(cls, "_step_definitions", ())
         cls._step_definitions = ordered_steps(parent_steps, own)  # type: ignore[attr-defined]
         _validate(cls)
-        if not namespace.get("abstract", False) and any(isinstance(b, WorkflowMeta) for b in bases):
+        if not namespace.get("abstract", False) and base is not None:
             cls.name = namespace.get("name") or f"{cls.__module__}.{cls.__qualname__}"  # type: ignore[attr-defined]
             registry.register(cls)  # type: ignore[arg-type]
         return cls
@@ -213,6 +219,52 @@ class Workflow(metaclass=WorkflowMeta):
         counts = {row["current_step"]: row["n"] for row in rows}
         return {name: counts.get(name, 0) for name in names}
 
+    @classmethod
+    def signal_for(
+        cls,
+        subject: Model,
+        name: str,
+        payload: Any = None,
+        idempotency_key: str | None = None,
+        missing: str = "raise",
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> WorkflowSignal | None:
+        """Signal the ongoing run of this class about ``subject`` (a webhook knows the order, not the run).
+
+        With no ongoing run, ``missing="raise"`` raises :class:`NotOngoing` and
+        ``missing="ignore"`` returns None. A subject-less run is signalled through its handle.
+        """
+        from .exceptions import NotOngoing
+        from .models import WorkflowRun
+        from .services.payload import subject_reference
+        from .services.signals import deliver_signal
+
+        if missing not in ("raise", "ignore"):
+            raise ValueError(f"missing must be 'raise' or 'ignore', got {missing!r}")
+        if subject is None:
+            raise ValueError(
+                f"{cls.name}.signal_for() needs a subject; signal a subject-less run through its handle "
+                f"({cls.__name__}.find(workflow_id).signal(...))"
+            )
+        subject_type, subject_id = subject_reference(subject)
+        runs = list(
+            WorkflowRun.objects.ongoing().filter(workflow_class=cls.name).for_subject(subject_type, subject_id)[:2]
+        )
+        try:
+            if not runs:
+                raise NotOngoing(f"{cls.name} has no ongoing run for {subject_type} {subject_id}")
+            if len(runs) > 1:
+                raise ValueError(
+                    f"{cls.name} has several ongoing runs for {subject_type} {subject_id} (allow_multiple): "
+                    "signal one through its handle"
+                )
+            return deliver_signal(runs[0].pk, name, payload, idempotency_key, actor=actor, reason=reason)
+        except NotOngoing:
+            if missing == "raise":
+                raise
+            return None
+
     def cancel_if(self) -> bool:
         """Override to cancel the run before any step when it returns True."""
         return False
@@ -325,6 +377,22 @@ class Workflow(metaclass=WorkflowMeta):
         new_record = operator.rerun(self.record.pk, actor=actor, reason=reason)
         klass = registry.get(new_record.workflow_class) or Workflow
         return klass(new_record)
+
+    def signal(
+        self,
+        name: str,
+        payload: Any = None,
+        idempotency_key: str | None = None,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+    ) -> WorkflowSignal:
+        """Deliver a signal to this run; returns the ``WorkflowSignal`` (``.duplicate_delivery``)."""
+        from .services.signals import deliver_signal
+
+        signal = deliver_signal(self.record.pk, name, payload, idempotency_key, actor=actor, reason=reason)
+        self.reload()
+        return signal
 
     def _after(self, record: WorkflowRun) -> Workflow:
         self.record = record

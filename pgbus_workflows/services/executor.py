@@ -23,6 +23,7 @@ from ..exceptions import StepNotDefined
 from ..models import WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from ..workflow import FlowControl, StepContext, Workflow
+from . import waiting
 from .ledger import RunLedger, locked_run, workflow_class
 from .outcome import StepOutcome, apply_outcome
 from .payload import encode_payload
@@ -191,8 +192,14 @@ def execute_step(step: WorkflowStep, *, chain: Chain | None = None) -> StepOutco
     outcome = _guard(workflow, step)
     if outcome is None and definition is not None and definition.atomic:
         return with_reconnect(lambda: _execute_atomic(workflow, step, chain))
+    context = StepContext(step=step)
+    if outcome is None and definition is not None and definition.wait_for:
+        gate = with_reconnect(lambda: _gate(step, definition.wait_for, definition.wait_timeout))
+        if gate is None:
+            return None  # parked until a signal, or no longer in progress
+        context = gate
     if outcome is None:
-        outcome = _run_body(workflow, step)
+        outcome = _run_body(workflow, context)
     final = outcome
 
     def apply() -> StepOutcome | None:
@@ -243,7 +250,7 @@ def _execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None)
         workflow.record = ledger.run
         try:
             with transaction.atomic():
-                outcome = _run_body(workflow, locked)
+                outcome = _run_body(workflow, StepContext(step=locked))
                 if outcome.kind == "error":
                     raise _RollBack(outcome)
                 outcome = _check_deferred_constraints(outcome)
@@ -315,12 +322,32 @@ def _skip_if(workflow: Workflow, condition: Any) -> bool:
     return bool(condition(workflow))
 
 
-def _run_body(workflow: Workflow, step: WorkflowStep) -> StepOutcome:
+def _gate(step: WorkflowStep, names: tuple[str, ...], timeout: Any) -> StepContext | None:
+    """A ``wait_for`` step runs with the signal that woke it, a pending one, or timed out; else it parks."""
+    with locked_run(step.run_id) as ledger:
+        locked = ledger.lock_step(step.pk)
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return None
+        if locked.signal_id is not None:
+            return StepContext(step=locked, received_signal=locked.signal)
+        if locked.timed_out:
+            return StepContext(step=locked, timed_out=True)
+        signal = waiting.pending_signal(ledger, names)
+        if signal is not None:
+            waiting.consume(ledger, signal, locked)
+            locked.save(update_fields=["signal"])
+            return StepContext(step=locked, received_signal=signal)
+        waiting.park(ledger, locked, names, timeout)
+        return None
+
+
+def _run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
     """Call the step body with the step context set; never raises."""
+    step = context.step
     definition = type(workflow).step_definition(step.step_name)
     if definition is None or definition.func is None:  # the guards ruled this out
         raise StepNotDefined(step.step_name)
-    workflow._context = StepContext(step=step)
+    workflow._context = context
     try:
         try:
             value = definition.func(workflow)

@@ -13,8 +13,9 @@ from ..exceptions import InvalidTransition, NotPaused, StepNotDefined
 from ..models import WorkflowRun, WorkflowStep
 from ..registry import registry
 from ..states import TERMINAL_RUN, RunStatus, StepOutcomeKind, StepStatus
+from . import waiting
 from .ledger import RunLedger, locked_run
-from .outcome import continue_after
+from .outcome import StepOutcome, continue_after
 from .payload import load_subject
 
 DEFAULT_ACTOR = "api"
@@ -125,6 +126,25 @@ def run_now(pk: int, *, actor: str | None = None, reason: str | None = None) -> 
         if ledger.run.status in TERMINAL_RUN:
             raise InvalidTransition(f"Cannot run_now a {ledger.run.status} workflow")
         active = ledger.active_step()
+        if active is not None and active.status == StepStatus.WAITING and active.wait_for:
+            # A wait_for step runs now as if its wait_timeout had passed with on_timeout="run".
+            ledger.event(
+                "run_now",
+                actor=actor or DEFAULT_ACTOR,
+                reason=reason,
+                step=active,
+                details={"was_waiting_for": active.wait_for},
+            )
+            waiting.wake(
+                ledger,
+                active,
+                kind="step_woken",
+                actor=actor or DEFAULT_ACTOR,
+                reason=reason,
+                details={"run_now": True},
+                timed_out=True,
+            )
+            return ledger.run
         if active is None or active.status != StepStatus.SCHEDULED:
             state = "no scheduled step" if active is None else f"its step {active.step_name} is {active.status}"
             raise InvalidTransition(f"Cannot run_now a {ledger.run.status} workflow: {state}")
@@ -144,16 +164,19 @@ def run_now(pk: int, *, actor: str | None = None, reason: str | None = None) -> 
 
 
 def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
-    """Skip the current step of a ready or paused run and move on (a paused run resumes)."""
+    """Skip the current step of a ready, waiting or paused run and move on (a paused run resumes)."""
     with locked_run(pk) as ledger:
         run = ledger.run
         actor = actor or DEFAULT_ACTOR
-        if run.status not in (RunStatus.READY, RunStatus.PAUSED):
+        if run.status not in (RunStatus.READY, RunStatus.PAUSED, RunStatus.WAITING):
             why = ": its step is running" if run.status == RunStatus.PERFORMING else ""
             raise InvalidTransition(f"Cannot skip on a {run.status} workflow{why}")
         active = ledger.active_step()
-        if active is not None and active.status != StepStatus.SCHEDULED:
+        if active is not None and active.status not in (StepStatus.SCHEDULED, StepStatus.WAITING):
             raise InvalidTransition(f"Cannot skip on a {run.status} workflow: its step is {active.status}")
+        if run.status == RunStatus.WAITING and active is not None:
+            waiting.resolve(ledger, active, StepOutcome("skip", actor=actor, reason=reason))
+            return ledger.run
         current = active or _last_attempt(ledger)
         if current is None:
             raise InvalidTransition(f"Cannot skip on workflow {run.workflow_id}: it has no step")

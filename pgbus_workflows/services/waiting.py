@@ -1,0 +1,153 @@
+"""The waiting state that ``wait_for`` steps (and fan-out steps) share; every move under the run lock.
+
+    park     in_progress -> waiting    the gate found no pending signal      (run: park, or hold)
+    wake     waiting -> scheduled      a matching signal arrived, or the wait timed out with
+                                       on_timeout="run", or run_now          (run: wake, or hold)
+    resolve  waiting -> in_progress    the wait ends with an outcome (timeout, skip): the outcome
+                                       is applied as for any attempt         (run: resolve, then ...)
+
+A run that an operator paused stays paused while its step row moves (``hold``): nothing
+runs until ``resume()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from .. import signals
+from ..exceptions import WaitTimedOut
+from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
+from ..states import RunStatus, StepStatus
+from .ledger import RunLedger, locked_run
+from .outcome import StepOutcome, apply_outcome
+
+BATCH_SIZE = 500
+MAX_BATCHES = 20
+
+
+def pending_signal(ledger: RunLedger, names: list[str] | tuple[str, ...]) -> WorkflowSignal | None:
+    """The oldest pending signal of the run with one of ``names``, locked."""
+    return (
+        WorkflowSignal.objects.select_for_update()
+        .filter(run_id=ledger.run.pk, status=SignalStatus.PENDING, name__in=list(names))
+        .order_by("received_at", "pk")
+        .first()
+    )
+
+
+def consume(ledger: RunLedger, signal: WorkflowSignal, step: WorkflowStep) -> None:
+    """Mark ``signal`` consumed by ``step`` (once: it is pending and locked)."""
+    signal.status = SignalStatus.CONSUMED
+    signal.consumed_by = step
+    signal.consumed_at = ledger.now
+    signal.save(update_fields=["status", "consumed_by", "consumed_at"])
+    step.signal = signal
+    ledger.event("signal_consumed", step=step, details={"signal": signal.name, "signal_id": signal.pk})
+
+
+def park(ledger: RunLedger, step: WorkflowStep, names: tuple[str, ...], timeout: Any) -> None:
+    """No signal yet: the attempt waits (``timeout_at`` from ``wait_timeout``), the run too."""
+    timeout_at = ledger.now + timeout if timeout is not None else None
+    ledger.move_step(
+        step, StepStatus.WAITING, wait_for=list(names), waiting_since=ledger.now, timeout_at=timeout_at, stall_at=None
+    )
+    details = {"wait_for": list(names), "timeout_at": timeout_at.isoformat() if timeout_at else None}
+    if ledger.run.status == RunStatus.PAUSED:
+        ledger.transition("hold", RunStatus.PAUSED, kind="step_waiting", step=step, details=details)
+    else:
+        ledger.transition("park", RunStatus.WAITING, kind="step_waiting", step=step, details=details)
+
+
+def wake(
+    ledger: RunLedger,
+    step: WorkflowStep,
+    *,
+    kind: str,
+    actor: str | None = None,
+    reason: str | None = None,
+    details: dict[str, Any] | None = None,
+    **fields: Any,
+) -> None:
+    """Schedule the waiting attempt now (it runs with its signal, or timed out)."""
+    ledger.move_step(step, StepStatus.SCHEDULED, scheduled_at=ledger.now, **fields)
+    if ledger.run.status == RunStatus.PAUSED:
+        ledger.transition("hold", RunStatus.PAUSED, kind=kind, step=step, actor=actor, reason=reason, details=details)
+    else:
+        ledger.transition("wake", RunStatus.READY, kind=kind, step=step, actor=actor, reason=reason, details=details)
+        ledger.wake(step.queue)
+
+
+def resolve(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome, **fields: Any) -> None:
+    """End the wait with ``outcome``, applied as for any attempt (a paused run stays paused)."""
+    ledger.move_step(step, StepStatus.IN_PROGRESS, **fields)
+    if ledger.run.status == RunStatus.WAITING:
+        ledger.transition(
+            "resolve", RunStatus.PERFORMING, kind="step_resolved", step=step, details={"outcome": outcome.kind}
+        )
+    apply_outcome(ledger, step, outcome)
+
+
+def fire_timeout(ledger: RunLedger, step: WorkflowStep) -> str:
+    """Apply the waiting step's ``on_timeout`` now; returns the action."""
+    definition = ledger.cls.step_definition(step.step_name)
+    action = definition.on_timeout if definition is not None else "pause"
+    timeout_at = step.timeout_at or ledger.now
+    ledger.event(
+        "wait_timed_out",
+        step=step,
+        details={"wait_for": step.wait_for, "action": action, "timeout_at": timeout_at.isoformat()},
+    )
+    ledger.send(signals.wait_timed_out, step_name=step.step_name, attempt=step.attempt, action=action)
+    if action == "run":
+        wake(ledger, step, kind="step_timed_out", details={"action": action}, timed_out=True)
+        return action
+    since = step.waiting_since.isoformat() if step.waiting_since else "?"
+    if action == "pause":
+        error = WaitTimedOut(
+            f"{step.step_name} waited for {', '.join(step.wait_for or [])} since {since} "
+            f"and timed out at {timeout_at.isoformat()}"
+        )
+        outcome = StepOutcome.from_error(error, forced_action="pause")
+    else:
+        outcome = StepOutcome(action, reason="wait timed out")
+    resolve(ledger, step, outcome, timed_out=True)
+    return action
+
+
+def expire_due_waits(now: Any = None) -> int:
+    """The sweep phase: apply ``on_timeout`` to waiting steps of waiting runs past ``timeout_at``.
+
+    At most ``BATCH_SIZE`` x ``MAX_BATCHES`` per sweep, each re-checked under the run lock.
+    A paused run's wait does not time out until it is resumed.
+    """
+    now = now or timezone.now()
+    fired = 0
+    for _ in range(MAX_BATCHES):
+        batch = list(
+            WorkflowStep.objects.filter(status=StepStatus.WAITING, timeout_at__lt=now, run__status=RunStatus.WAITING)
+            .order_by("timeout_at", "pk")
+            .values_list("pk", "run_id")[:BATCH_SIZE]
+        )
+        for step_pk, run_pk in batch:
+            fired += _expire(step_pk, run_pk, now)
+        if len(batch) < BATCH_SIZE:
+            break
+    return fired
+
+
+def _expire(step_pk: int, run_pk: int, now: Any) -> bool:
+    with locked_run(run_pk, now=now) as ledger:
+        step = ledger.lock_step(step_pk)
+        if ledger.run.status != RunStatus.WAITING or step is None or step.status != StepStatus.WAITING:
+            return False
+        if step.timeout_at is None or step.timeout_at >= now:
+            return False
+        fire_timeout(ledger, step)
+        return True
+
+
+def waiting_step(run: WorkflowRun) -> WorkflowStep | None:
+    """The run's waiting attempt, if any."""
+    return WorkflowStep.objects.filter(run_id=run.pk, status=StepStatus.WAITING).order_by("pk").last()

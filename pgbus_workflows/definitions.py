@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from types import FunctionType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.utils.module_loading import import_string
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 EXCEPTION_ACTIONS = ("pause", "cancel", "reattempt", "skip")
 TERMINAL_ACTIONS = ("pause", "cancel")
 TIMEOUT_ACTIONS = ("pause", "cancel", "skip", "run")
+JOB_FAILURE_ACTIONS = ("fail", "continue")
 #: ``max_reattempts`` when a step says ``on_exception="reattempt"`` without one (as pgbus).
 DEFAULT_STEP_MAX_REATTEMPTS = 100
 
@@ -136,6 +138,10 @@ class StepDefinition:
     wait_for: tuple[str, ...] = ()
     wait_timeout: timedelta | None = None
     on_timeout: str = "pause"
+    #: Fan-out only: attempts per job, the wait between them, and what a failed job does.
+    max_attempts: int = 1
+    backoff: WaitSpec = None
+    on_job_failure: str = "fail"
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -211,10 +217,19 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
     queue = options.get("queue")
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
+    max_attempts = options.get("max_attempts", 1)
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be a positive integer, got {max_attempts!r}")
+    on_job_failure = options.get("on_job_failure", "fail")
+    if on_job_failure not in JOB_FAILURE_ACTIONS:
+        raise ConfigurationError(f"on_job_failure must be 'fail' or 'continue', got {on_job_failure!r}")
     return StepDefinition(
         name=func.__name__,
         func=func,
         kind=kind,
+        max_attempts=max_attempts,
+        backoff=_check_wait(options.get("backoff"), "backoff"),
+        on_job_failure=on_job_failure,
         wait=_check_wait(options.get("wait"), "wait"),
         skip_if=_check_skip_if(options.get("skip_if")),
         timeout=None if timeout is None else coerce_duration(timeout, "timeout"),
@@ -246,6 +261,12 @@ STEP_OPTIONS = frozenset(
 )
 
 
+FAN_OUT_OPTIONS = frozenset(
+    {"wait", "skip_if", "timeout", "on_exception", "max_reattempts", "queue", "priority"}
+    | {"max_attempts", "backoff", "on_job_failure"}
+)
+
+
 def step(func: F | None = None, /, **options: Any) -> Any:
     """Declare a step: ``@step`` or ``@step(wait=..., skip_if=..., on_exception=...)``.
 
@@ -271,17 +292,64 @@ def removed_step() -> StepDefinition:
 
 
 def fan_out(func: F | None = None, /, **options: Any) -> Any:
-    """Declare a fan-out step (its body returns ``Job`` objects). Not available yet."""
-    raise ConfigurationError("@fan_out steps are not available in this release yet")
+    """Declare a fan-out step: its body returns an iterable of :class:`Job`, run in parallel.
+
+    ``@fan_out(max_attempts=3, backoff=timedelta(seconds=5), on_job_failure="fail")``. The
+    step waits until the last job ends; then it completes with the counts, or (when a job
+    failed and ``on_job_failure="fail"``) ``FanOutFailed`` goes to its exception policy.
+    """
+    unknown = set(options) - FAN_OUT_OPTIONS
+    if unknown:
+        raise ConfigurationError(f"Unknown fan_out option(s): {', '.join(sorted(unknown))}")
+    if func is not None:
+        return _build(func, "fan_out", options)
+    return lambda f: _build(f, "fan_out", options)
 
 
 class Job:
-    """One member of a fan-out: a module-level function and its JSON arguments."""
+    """One member of a fan-out: ``Job(function, *args, **kwargs)``.
+
+    ``function`` must be a module-level function of an installed Django app: it is stored
+    by dotted path and looked up (and checked again) when the job runs, so no path read
+    from the database can run anything else.
+    """
 
     def __init__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self.function = function
-        self.args = args
+        self.path = job_path(function)
+        self.args = list(args)
         self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        return f"Job({self.path}, *{self.args!r}, **{self.kwargs!r})"
+
+
+def job_path(function: Any) -> str:
+    """The dotted path of a job function; raises :class:`ConfigurationError` for anything else."""
+    if not isinstance(function, FunctionType):
+        raise ConfigurationError(f"A fan-out job must be a plain function, got {function!r}")
+    if "." in function.__qualname__ or "<" in function.__qualname__:
+        raise ConfigurationError(f"A fan-out job must be a module-level function, not {function.__qualname__}")
+    path = f"{function.__module__}.{function.__qualname__}"
+    if resolve_job(path) is not function:
+        raise ConfigurationError(f"{path} does not import back as the same function")
+    return path
+
+
+def resolve_job(path: str) -> FunctionType:
+    """The job function at ``path``, only when it is a module-level function of an installed app."""
+    from django.apps import apps
+
+    module = path.rpartition(".")[0]
+    if not any(module == app.name or module.startswith(app.name + ".") for app in apps.get_app_configs()):
+        raise ConfigurationError(f"Fan-out job {path} is not in an installed app: refusing to run it")
+    try:
+        function = import_string(path)
+    except ImportError as error:
+        raise ConfigurationError(f"Fan-out job {path} cannot be imported: {error}") from error
+    if not isinstance(function, FunctionType) or f"{function.__module__}.{function.__qualname__}" != path:
+        raise ConfigurationError(f"{path} is not a module-level function")
+    return function
 
 
 def ordered_steps(parent: Iterable[StepDefinition], own: Iterable[StepDefinition]) -> tuple[StepDefinition, ...]:

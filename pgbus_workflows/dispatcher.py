@@ -31,8 +31,9 @@ from django.db.models import Min
 from django.utils import timezone
 
 from .conf import settings
-from .models import Dispatcher, WorkflowStep
+from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from .services.executor import Chain, claim_due_steps, execute_step
+from .services.fanout import claim_due_jobs, execute_job
 from .states import RunStatus, StepStatus
 from .sweep import Sweeper, stall
 
@@ -66,7 +67,8 @@ class WorkflowDispatcher:
         self._stopping = threading.Event()
         self._signals = 0
         self._lock = threading.Lock()
-        self._inflight: dict[int, Future[None]] = {}
+        # ("step" | "job", pk) -> the worker running it
+        self._inflight: dict[tuple[str, int], Future[None]] = {}
         self._next_sweep = 0.0
         self._next_heartbeat = 0.0
         self._orphans_possible = threading.Event()
@@ -195,9 +197,13 @@ class WorkflowDispatcher:
             return None if self.once else self._sleep_until_due(clock)
         with self._lock:
             free = self.concurrency - len(self._inflight)
-        claimed = claim_due_steps(free, self.queues, self.name) if free > 0 else []
-        for step in claimed:
-            self._submit(pool, step)
+        claimed: list[WorkflowStep | FanOutJob] = []
+        if free > 0:
+            claimed.extend(claim_due_steps(free, self.queues, self.name))
+        if free > len(claimed):
+            claimed.extend(claim_due_jobs(free - len(claimed), self.queues, self.name))
+        for work in claimed:
+            self._submit(pool, work)
         if len(claimed) == free and free > 0:
             return 0.0  # more may be due: claim again as soon as a slot is free
         if self.once:
@@ -217,23 +223,37 @@ class WorkflowDispatcher:
         return max(timeout, 0.0)
 
     def _next_due_at(self) -> datetime | None:
-        """The earliest ``scheduled_at`` still ahead, so a ``wait`` ending between polls is met."""
+        """The earliest ``scheduled_at`` of a step or job, so a ``wait`` or backoff ending between polls is met."""
         steps = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, run__status=RunStatus.READY)
         if self.queues is not None:
             steps = steps.filter(queue__in=self.queues)
-        value: datetime | None = steps.aggregate(at=Min("scheduled_at"))["at"]
-        return value
+        jobs = FanOutJob.objects.filter(status=JobStatus.PENDING)
+        if self.queues is not None:
+            jobs = jobs.filter(queue__in=self.queues)
+        times = [qs.aggregate(at=Min("scheduled_at"))["at"] for qs in (steps, jobs)]
+        return min((t for t in times if t is not None), default=None)
 
-    def _submit(self, pool: ThreadPoolExecutor, step: WorkflowStep) -> None:
+    def _submit(self, pool: ThreadPoolExecutor, work: WorkflowStep | FanOutJob) -> None:
+        key = ("job", work.pk) if isinstance(work, FanOutJob) else ("step", work.pk)
         with self._lock:
-            future = pool.submit(self._work, step)
-            self._inflight[step.pk] = future
-        future.add_done_callback(lambda _: self._done(step.pk))
+            if isinstance(work, FanOutJob):
+                future = pool.submit(self._run_job, work)
+            else:
+                future = pool.submit(self._work, work)
+            self._inflight[key] = future
+        future.add_done_callback(lambda _: self._done(key))
 
-    def _done(self, step_pk: int) -> None:
+    def _done(self, key: tuple[str, int]) -> None:
         with self._lock:
-            self._inflight.pop(step_pk, None)
+            self._inflight.pop(key, None)
         self._wake.set()
+
+    def _run_job(self, job: FanOutJob) -> None:
+        try:
+            execute_job(job)
+        except Exception:
+            logger.exception("Fan-out job %s #%s of run %s could not be finished", job.function, job.index, job.run_id)
+            connection.close()
 
     def _work(self, step: WorkflowStep) -> None:
         """Run a claimed attempt, then whatever its outcome chained for this worker."""
@@ -253,7 +273,7 @@ class WorkflowDispatcher:
         """A claim whose commit we did not see may have committed: stall attempts no worker runs."""
         try:
             with self._lock:
-                running = set(self._inflight)
+                running = {pk for kind, pk in self._inflight if kind == "step"}
             recovered = self._stall_own("orphaned_claim", keep=running)
             if recovered:
                 logger.warning("Recovered %d step(s) claimed before the connection dropped", recovered)

@@ -144,6 +144,8 @@ class WorkflowStep(models.Model):
         related_name="+",
         verbose_name=_("received signal"),
     )
+    #: Set on a fan-out attempt: how many jobs it opened.
+    fan_out_total = models.PositiveIntegerField(_("fan-out jobs"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
 
     objects = WorkflowStepQuerySet.as_manager()
@@ -271,3 +273,59 @@ class Dispatcher(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class JobStatus(models.TextChoices):
+    """Where one fan-out job is."""
+
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+UNFINISHED_JOB = (JobStatus.PENDING, JobStatus.RUNNING)
+
+
+class FanOutJob(models.Model):
+    """One member of a fan-out: a module-level function of an installed app and its JSON arguments."""
+
+    step = models.ForeignKey(WorkflowStep, on_delete=models.CASCADE, related_name="jobs", verbose_name=_("step"))
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="jobs", verbose_name=_("run"))
+    index = models.PositiveIntegerField(_("index"))
+    function = models.CharField(_("function"), max_length=255)
+    arguments = models.JSONField(_("arguments"), default=dict, encoder=DjangoJSONEncoder)
+    status = models.CharField(_("status"), max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    max_attempts = models.PositiveIntegerField(_("max attempts"), default=1)
+    queue = models.CharField(_("queue"), max_length=255)
+    priority = models.IntegerField(_("priority"), default=0)
+    scheduled_at = models.DateTimeField(_("scheduled at"), default=timezone.now)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    stall_at = models.DateTimeField(_("stall at"), null=True, blank=True)
+    claimed_by = models.CharField(_("claimed by"), max_length=255, blank=True, default="")
+    result = models.JSONField(_("result"), null=True, blank=True, encoder=DjangoJSONEncoder)
+    error = models.TextField(_("error"), blank=True, default="")
+
+    class Meta:
+        verbose_name = _("fan-out job")
+        verbose_name_plural = _("fan-out jobs")
+        ordering = ("step", "index")
+        constraints = [
+            models.UniqueConstraint(fields=["step", "index"], name="pgbus_wf_job_unique_index"),
+            models.CheckConstraint(condition=Q(status__in=JobStatus.values), name="pgbus_wf_job_status_valid"),
+        ]
+        indexes = [
+            # Serves the job claim query only.
+            models.Index(
+                fields=["priority", "scheduled_at"], condition=Q(status=JobStatus.PENDING), name="pgbus_wf_job_due"
+            ),
+            # "Is any job of this step unfinished?" stops at the first entry: no count over 10,000 rows.
+            models.Index(fields=["step"], condition=Q(status__in=UNFINISHED_JOB), name="pgbus_wf_job_unfinished"),
+            models.Index(fields=["stall_at"], condition=Q(status=JobStatus.RUNNING), name="pgbus_wf_job_running"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.function} #{self.index} ({self.status})"

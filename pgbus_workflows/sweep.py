@@ -9,6 +9,10 @@ is logged and retried next time without stopping the others):
   ``STALL_THRESHOLD``) gets ``STALL_ACTION`` (detection ``stall_at``).
 - ``wait_timeouts``: waiting steps of waiting runs past their ``timeout_at`` get their
   ``on_timeout`` (at most 500 x 20 per sweep), so a timeout fires within one interval.
+- ``stalled_jobs``: running fan-out jobs past their ``stall_at`` are retried (or failed
+  when their attempts are spent); a dead dispatcher's jobs are put back the same way.
+- ``lost_fan_outs``: a fan-out still waiting although all its jobs ended more than
+  ``STALL_THRESHOLD`` ago is resolved as the last job would have resolved it.
 - ``cleanup`` (hourly): finished and cancelled runs older than ``RETENTION`` are deleted
   in batches of 500; their steps, events and signals go with them (ON DELETE CASCADE).
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
@@ -30,8 +34,9 @@ from django.utils import timezone
 
 from . import signals
 from .conf import settings
-from .models import Dispatcher, WorkflowRun, WorkflowStep
+from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
+from .services.fanout import recover_jobs, resolve_lost_fan_outs
 from .services.ledger import locked_run
 from .services.outcome import stall_step
 from .services.waiting import expire_due_waits
@@ -67,7 +72,9 @@ def stall_dead_dispatchers(now: datetime) -> int:
         steps = WorkflowStep.objects.filter(status=StepStatus.IN_PROGRESS, claimed_by=name)
         for step_pk, run_pk in steps.values_list("pk", "run_id").order_by("pk")[:BATCH_SIZE]:
             stalled += stall(step_pk, run_pk, detection="dead_dispatcher", now=now)
-        if not steps.exists():
+        stalled += recover_jobs(now, dead=[name])
+        jobs = FanOutJob.objects.filter(status=JobStatus.RUNNING, claimed_by=name)
+        if not steps.exists() and not jobs.exists():
             Dispatcher.objects.filter(name=name, heartbeat_at__lt=cutoff).delete()
             logger.warning("Dispatcher %s stopped heartbeating: forgotten", name)
     return stalled
@@ -175,7 +182,9 @@ class Sweeper:
         phases: list[tuple[str, Callable[[datetime], int]]] = [
             ("dead_dispatchers", stall_dead_dispatchers),
             ("stalled", stall_overdue_steps),
+            ("stalled_jobs", recover_jobs),
             ("wait_timeouts", expire_due_waits),
+            ("lost_fan_outs", resolve_lost_fan_outs),
         ]
         if cleanup:
             phases.append(("cleanup", delete_expired_runs))

@@ -10,6 +10,7 @@
             self.speedrun_workflow(wf)             # every step until the run is not ready
             self.deliver_signal(wf, "paid", {"amount": 42})   # signal, then the step it woke
             self.expire_wait(wf)                   # the waiting step's on_timeout applies now
+            self.complete_fan_out(wf)              # every job of the waiting fan-out runs, then it resolves
             self.assertWorkflowStatus(wf, "finished")
 
 Every step runs through the real executor (claim, guards, policies, the audit trail)
@@ -25,9 +26,10 @@ from typing import Any
 from django.utils import timezone
 
 from .exceptions import StepWaiting, TestHelperError
-from .models import WorkflowStep
-from .services import operator
+from .models import FanOutJob, JobStatus, WorkflowStep
+from .services import fanout, operator
 from .services.executor import claim_step, execute_step
+from .services.fanout import claim_job, execute_job
 from .services.ledger import locked_run
 from .services.waiting import fire_timeout, waiting_step
 from .states import RunStatus, StepStatus
@@ -143,6 +145,27 @@ class WorkflowTestMixin:
             if locked is None or locked.status != StepStatus.WAITING:
                 raise TestHelperError(f"{workflow!r}: step {step.step_name} stopped waiting")
             fire_timeout(ledger, locked)
+        return workflow.reload()
+
+    def complete_fan_out(self, workflow: Workflow) -> Workflow:
+        """Run every job of the waiting fan-out inline through the real job executor, then resolve it.
+
+        Unlike pgbus's helper (which marks the members completed without running them),
+        the jobs really run: their results and failures are what the next steps see.
+        A job with attempts left is retried at once, ignoring its backoff.
+        """
+        step = waiting_step(workflow.record)
+        if step is None or step.fan_out_total is None:
+            raise TestHelperError(f"{workflow!r} is not waiting on a fan-out")
+        while True:
+            pending = list(FanOutJob.objects.filter(step_id=step.pk, status=JobStatus.PENDING).order_by("index"))
+            if not pending:
+                break
+            for job in pending:
+                claimed = claim_job(job.pk, claimed_by=ACTOR)
+                if claimed is not None:
+                    execute_job(claimed)
+        fanout.resolve_if_done(step.pk, workflow.record.pk)
         return workflow.reload()
 
     def assertWorkflowStatus(self, workflow: Workflow, status: str) -> None:  # noqa: N802 - unittest style

@@ -7,7 +7,7 @@ body (run by the executor) it also answers the step-only readers and verbs.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -426,6 +426,13 @@ class Workflow(metaclass=WorkflowMeta):
     def timed_out(self) -> bool:
         """True when this ``wait_for`` step runs because its ``wait_timeout`` passed."""
         return self._step_context("timed_out").timed_out
+
+    def fan_out_results(self, step_name: str) -> Iterator[Any]:
+        """The job results of this run's latest fan-out ``step_name``, in job order (an iterator)."""
+        from .services.fanout import results
+
+        self.require_step(step_name)
+        return results(self.record, step_name)
 
     def reattempt(self, wait: timedelta | float | None = None) -> None:
         """End the body and run this step again after ``wait`` (does not count as an error)."""

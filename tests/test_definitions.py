@@ -4,6 +4,7 @@ Every misconfiguration raises ``ConfigurationError`` when the class is defined (
 step DSL"), so classes that must fail are defined inside ``pytest.raises`` blocks.
 """
 
+import os
 import sys
 import types
 from datetime import timedelta
@@ -295,24 +296,25 @@ def test_on_exception_takes_only_exception_classes_or_dotted_names(matcher):
         OnException(matcher, action="cancel")
 
 
-def test_fan_out_is_reserved():
-    with pytest.raises(ConfigurationError, match=r"@fan_out steps are not available"):
+def test_fan_out_refuses_step_options_that_do_not_apply_and_bad_job_options():
+    with pytest.raises(ConfigurationError, match=r"Unknown fan_out option\(s\): wait_for"):
+        fan_out(wait_for="x")(lambda self: [])
+    with pytest.raises(ConfigurationError, match=r"max_attempts must be a positive integer, got 0"):
+        fan_out(max_attempts=0)(lambda self: [])
+    with pytest.raises(ConfigurationError, match=r"on_job_failure must be 'fail' or 'continue', got 'ignore'"):
+        fan_out(on_job_failure="ignore")(lambda self: [])
 
-        class FanOut(Workflow):
-            abstract = True
 
-            @fan_out
-            def notify(self):
-                return [Job(print, 1)]
+def test_a_job_must_be_a_module_level_function_of_an_installed_app():
+    def local():
+        return 1
 
-    with pytest.raises(ConfigurationError, match=r"@fan_out steps are not available"):
-
-        class FanOutWithOptions(Workflow):
-            abstract = True
-
-            @fan_out(queue="fan")
-            def notify(self):
-                return [Job(print, 1)]
+    with pytest.raises(ConfigurationError, match=r"must be a plain function, got <built-in function print>"):
+        Job(print, 1)
+    with pytest.raises(ConfigurationError, match=r"must be a module-level function, not .*local"):
+        Job(local)
+    with pytest.raises(ConfigurationError, match=r"posixpath.join is not in an installed app"):
+        Job(os.path.join, "a")
 
 
 def test_wait_timeout_or_on_timeout_without_wait_for_is_refused():

@@ -19,6 +19,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.utils import timezone
 
 from ..conf import settings
+from ..definitions import Job
 from ..exceptions import StepNotDefined
 from ..models import WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
@@ -355,6 +356,8 @@ def _run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
             if flow.kind != "output":
                 return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
             value = flow.value
+        if definition.kind == "fan_out":
+            return StepOutcome("fan_out", jobs=_encode_jobs(step.step_name, value))
         output = None if value is None else encode_payload(value, f"{step.step_name} output")
         return StepOutcome("success", output=output)
     except FlowControl as flow:  # a verb called while encoding the output (a custom encoder)
@@ -363,6 +366,19 @@ def _run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
         return StepOutcome.from_error(error)
     finally:
         workflow._context = None
+
+
+def _encode_jobs(step_name: str, value: Any) -> list[tuple[str, Any]]:
+    """A fan-out body's return value as stored jobs; anything else is a clear error."""
+    if value is None or isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
+        raise TypeError(f"fan-out step {step_name} must return an iterable of Job, got {type(value).__name__}")
+    jobs = []
+    for index, job in enumerate(value):
+        if not isinstance(job, Job):
+            raise TypeError(f"fan-out step {step_name} returned {job!r} at index {index}, not a Job")
+        arguments = encode_payload({"args": job.args, "kwargs": job.kwargs}, f"arguments of {job.path} #{index}")
+        jobs.append((job.path, arguments))
+    return jobs
 
 
 def _log(run: WorkflowRun, step: WorkflowStep, outcome: StepOutcome) -> None:

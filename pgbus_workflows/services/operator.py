@@ -13,7 +13,7 @@ from ..exceptions import InvalidTransition, NotPaused, StepNotDefined
 from ..models import WorkflowRun, WorkflowStep
 from ..registry import registry
 from ..states import TERMINAL_RUN, RunStatus, StepOutcomeKind, StepStatus
-from . import waiting
+from . import fanout, waiting
 from .ledger import RunLedger, locked_run
 from .outcome import StepOutcome, continue_after
 from .payload import load_subject
@@ -59,6 +59,8 @@ def resume(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
             reason=reason,
             step=active,
         )
+        if active.status == StepStatus.WAITING and active.fan_out_total is not None:
+            fanout.resolve_in_ledger(ledger, active)  # its jobs may all have ended while it was paused
     return ledger.run
 
 
@@ -70,6 +72,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
         active = ledger.active_step()
         if active is not None:
             ledger.move_step(active, StepStatus.CANCELLED, outcome=StepOutcomeKind.CANCELLED)
+            fanout.cancel_pending_jobs(active)
         step = ledger.schedule(definition, wait=timedelta(0))
         ledger.transition(
             "resume",
@@ -91,6 +94,7 @@ def cancel(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
         active = ledger.active_step()
         if active is not None:
             ledger.move_step(active, StepStatus.CANCELLED, outcome=StepOutcomeKind.CANCELLED)
+            fanout.cancel_pending_jobs(active)
         ledger.transition(
             "cancel", RunStatus.CANCELLED, kind="cancelled", actor=actor or DEFAULT_ACTOR, reason=reason, step=active
         )
@@ -175,6 +179,7 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
         if active is not None and active.status not in (StepStatus.SCHEDULED, StepStatus.WAITING):
             raise InvalidTransition(f"Cannot skip on a {run.status} workflow: its step is {active.status}")
         if run.status == RunStatus.WAITING and active is not None:
+            fanout.cancel_pending_jobs(active)
             waiting.resolve(ledger, active, StepOutcome("skip", actor=actor, reason=reason))
             return ledger.run
         current = active or _last_attempt(ledger)
@@ -189,6 +194,7 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
             ledger.transition("resume", RunStatus.READY, kind="resumed", actor=actor, reason=reason, step=active)
         if active is not None:
             ledger.move_step(active, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED)
+            fanout.cancel_pending_jobs(active)
         continue_after(
             ledger, current, kind="step_skipped", actor=actor, reason=reason, details={"skipped": current.step_name}
         )

@@ -15,14 +15,14 @@ from typing import Any
 from ..conf import settings
 from ..definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
 from ..exceptions import StepNotDefined, StepStalled
-from ..models import WorkflowStep
+from ..models import FanOutJob, WorkflowStep
 from ..states import RunStatus, StepOutcomeKind, StepStatus
 from .ledger import RunLedger
 
 #: Why an attempt was reattempted; only the error reasons count towards max_reattempts.
 ERROR_REATTEMPT_REASONS = ("exception_policy", "precondition")
 
-OUTCOME_KINDS = ("success", "finished", "reattempt", "skip", "pause", "cancel", "error")
+OUTCOME_KINDS = ("success", "finished", "reattempt", "skip", "pause", "cancel", "error", "fan_out")
 
 
 @dataclass
@@ -41,6 +41,8 @@ class StepOutcome:
     forced_action: str | None = None
     actor: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: A fan-out body's jobs, as ``(dotted path, {"args": [...], "kwargs": {...}})``.
+    jobs: list[tuple[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_error(cls, error: BaseException, **kwargs: Any) -> StepOutcome:
@@ -95,8 +97,44 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
         )
     elif outcome.kind == "error":
         _apply_error(ledger, step, definition, outcome)
+    elif outcome.kind == "fan_out":
+        _open_fan_out(ledger, step, definition, outcome.jobs)
     else:
         raise ValueError(f"Unknown outcome kind {outcome.kind!r}")
+
+
+def _open_fan_out(
+    ledger: RunLedger, step: WorkflowStep, definition: StepDefinition | None, jobs: list[tuple[str, Any]]
+) -> None:
+    """Insert the jobs in bulk and park the step until the last one ends (zero jobs: done at once)."""
+    if not jobs:
+        empty = {"total": 0, "succeeded": 0, "failed": 0}
+        ledger.move_step(step, StepStatus.COMPLETED, outcome=StepOutcomeKind.SUCCESS, output=empty, fan_out_total=0)
+        continue_after(ledger, step, kind="step_completed", details={"fan_out": empty})
+        return
+    max_attempts = definition.max_attempts if definition is not None else 1
+    FanOutJob.objects.bulk_create(
+        [
+            FanOutJob(
+                step=step,
+                run=ledger.run,
+                index=index,
+                function=path,
+                arguments=arguments,
+                max_attempts=max_attempts,
+                queue=step.queue,
+                priority=step.priority,
+                scheduled_at=ledger.now,
+            )
+            for index, (path, arguments) in enumerate(jobs)
+        ],
+        batch_size=1000,
+    )
+    ledger.move_step(step, StepStatus.WAITING, fan_out_total=len(jobs), waiting_since=ledger.now, stall_at=None)
+    name = "hold" if ledger.run.status == RunStatus.PAUSED else "park"
+    target = RunStatus.PAUSED if name == "hold" else RunStatus.WAITING
+    ledger.transition(name, target, kind="fan_out_started", step=step, details={"jobs": len(jobs)})
+    ledger.wake(step.queue)
 
 
 def continue_after(

@@ -7,8 +7,9 @@ dispatchers use the classes defined here.
 import time
 from datetime import timedelta
 
-from pgbus_workflows import Workflow, step
+from pgbus_workflows import Job, Workflow, fan_out, step
 
+from .jobs import square
 from .models import SideEffect
 
 
@@ -126,3 +127,17 @@ class NoOp1(Workflow):
     @step
     def only(self):
         pass
+
+
+class Squares(Workflow):
+    """Fans out one job per number, then sums the results."""
+
+    name = "squares"
+
+    @fan_out(max_attempts=2)
+    def compute(self):
+        return [Job(square, n) for n in range(self.arguments.get("count", 5))]
+
+    @step
+    def total(self):
+        return {"sum": sum(self.fan_out_results("compute"))}

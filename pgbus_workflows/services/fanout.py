@@ -1,0 +1,214 @@
+"""Fan-out jobs: claimed and run by the dispatchers like steps; the last one resolves the step.
+
+A fan-out step's body returns ``Job`` objects; ``apply_outcome`` inserts them in bulk in the
+transaction that parks the step. Each job is claimed with ``SKIP LOCKED``, runs with its
+own attempts and backoff, and ends succeeded or failed. Whoever finishes a job and finds no
+unfinished job left tries to resolve the step under the run lock; the lock and the re-check
+make exactly one resolution win, and the sweep resolves a fan-out whose completion was lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Count, Max, Q
+from django.utils import timezone
+
+from ..conf import settings
+from ..definitions import resolve_job, resolve_wait
+from ..exceptions import FanOutFailed
+from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
+from ..states import RunStatus, StepStatus
+from . import waiting
+from .ledger import RunLedger, locked_run, workflow_class
+from .outcome import StepOutcome
+from .payload import encode_payload
+
+logger = logging.getLogger("pgbus_workflows")
+
+_JOBS = FanOutJob._meta.db_table
+_STEPS = WorkflowStep._meta.db_table
+BATCH_SIZE = 500
+
+
+def claim_due_jobs(limit: int, queues: Iterable[str] | None = None, claimed_by: str = "") -> list[FanOutJob]:
+    """Claim up to ``limit`` due pending jobs (``SKIP LOCKED``), by priority then ``scheduled_at``."""
+    if limit < 1:
+        return []
+    now = timezone.now()
+    queue_list = None if queues is None else list(queues)
+    where = "status = 'pending' AND scheduled_at <= %s"
+    params: list[Any] = [now]
+    if queue_list is not None:
+        where += " AND queue IN ({})".format(", ".join(["%s"] * len(queue_list)))
+        params.extend(queue_list)
+    lock = "FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    sql = f"""
+        SELECT id FROM {_JOBS} WHERE {where} ORDER BY priority, scheduled_at, id LIMIT %s {lock}
+    """  # noqa: S608 - table names come from the models, values are parameters
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, limit])
+            ids = [row[0] for row in cursor.fetchall()]
+        return _start(ids, now, claimed_by)
+
+
+def claim_job(job_pk: int, claimed_by: str = "") -> FanOutJob | None:
+    """Claim one pending job whatever its ``scheduled_at`` (the test helpers); None when it is not pending."""
+    with transaction.atomic():
+        locked = FanOutJob.objects.select_for_update().filter(pk=job_pk, status=JobStatus.PENDING).values_list("pk")
+        ids = [pk for (pk,) in locked]
+        claimed = _start(ids, timezone.now(), claimed_by)
+    return claimed[0] if claimed else None
+
+
+def _start(ids: list[int], now: datetime, claimed_by: str) -> list[FanOutJob]:
+    if not ids:
+        return []
+    jobs = list(FanOutJob.objects.select_related("step", "run").filter(pk__in=ids, status=JobStatus.PENDING))
+    for job in jobs:
+        job.status = JobStatus.RUNNING
+        job.attempts += 1
+        job.started_at = now
+        job.claimed_by = claimed_by
+        job.stall_at = now + (job.step.timeout or settings.STALL_THRESHOLD)
+    FanOutJob.objects.bulk_update(jobs, ["status", "attempts", "started_at", "claimed_by", "stall_at"])
+    return jobs
+
+
+def execute_job(job: FanOutJob) -> str:
+    """Run a claimed job and record how it ended; resolve the step when it was the last. Returns the status."""
+    try:
+        function = resolve_job(job.function)
+        value = function(*job.arguments.get("args", []), **job.arguments.get("kwargs", {}))
+        result = encode_payload(value, f"result of job {job.function} #{job.index}")
+    except Exception as error:
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        status = _fail(job, text)
+    else:
+        status = JobStatus.SUCCEEDED if _finish(job, JobStatus.SUCCEEDED, result=result) else ""
+    if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        resolve_if_done(job.step_id, job.run_id)
+    return status
+
+
+def _finish(job: FanOutJob, status: str, **fields: Any) -> bool:
+    """Record the end of a running attempt; False when it was cancelled or put back meanwhile."""
+    updated = FanOutJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts).update(
+        status=status, finished_at=timezone.now(), stall_at=None, **fields
+    )
+    return updated == 1
+
+
+def _fail(job: FanOutJob, error: str) -> str:
+    """Retry after the backoff while attempts remain; else the job fails with its error kept."""
+    if job.attempts < job.max_attempts:
+        definition = workflow_class(job.run).step_definition(job.step.step_name)
+        backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
+        retried = _finish(job, JobStatus.PENDING, error=error, scheduled_at=timezone.now() + backoff)
+        return JobStatus.PENDING if retried else ""
+    return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
+
+
+def unfinished(step_pk: int) -> bool:
+    """True while any job of the fan-out is pending or running (stops at the first: indexed)."""
+    return FanOutJob.objects.filter(step_id=step_pk, status__in=UNFINISHED_JOB).exists()
+
+
+def resolve_if_done(step_pk: int, run_pk: int) -> bool:
+    """Resolve the fan-out when no job is left; True for the one caller whose resolution won."""
+    if unfinished(step_pk):
+        return False
+    with locked_run(run_pk) as ledger:
+        step = ledger.lock_step(step_pk)
+        if step is None:
+            return False
+        return resolve_in_ledger(ledger, step)
+
+
+def resolve_in_ledger(ledger: RunLedger, step: WorkflowStep) -> bool:
+    """Under the run lock: resolve a waiting fan-out whose jobs all ended (a paused run waits for resume)."""
+    if step.status != StepStatus.WAITING or step.fan_out_total is None:
+        return False
+    if ledger.run.status != RunStatus.WAITING or unfinished(step.pk):
+        return False
+    counts = progress(step)
+    definition = ledger.cls.step_definition(step.step_name)
+    output = {"total": counts["total"], "succeeded": counts["succeeded"], "failed": counts["failed"]}
+    if counts["failed"] and (definition is None or definition.on_job_failure == "fail"):
+        error = FanOutFailed(f"{counts['failed']} of {counts['total']} jobs of {step.step_name} failed")
+        outcome = StepOutcome.from_error(error, details={"fan_out": output})
+    else:
+        outcome = StepOutcome("success", output=output)
+    waiting.resolve(ledger, step, outcome)
+    return True
+
+
+def progress(step: WorkflowStep) -> dict[str, int]:
+    """``{"total", "succeeded", "failed", "cancelled", "pending"}`` for a fan-out attempt."""
+    rows = FanOutJob.objects.filter(step_id=step.pk).values_list("status").annotate(n=Count("pk")).order_by()
+    by_status = dict(rows)
+    return {
+        "total": step.fan_out_total or 0,
+        "succeeded": by_status.get(JobStatus.SUCCEEDED, 0),
+        "failed": by_status.get(JobStatus.FAILED, 0),
+        "cancelled": by_status.get(JobStatus.CANCELLED, 0),
+        "pending": by_status.get(JobStatus.PENDING, 0) + by_status.get(JobStatus.RUNNING, 0),
+    }
+
+
+def cancel_pending_jobs(step: WorkflowStep) -> int:
+    """Cancel the jobs of ``step`` that have not started (running ones finish, their result unused)."""
+    return FanOutJob.objects.filter(step_id=step.pk, status=JobStatus.PENDING).update(
+        status=JobStatus.CANCELLED, finished_at=timezone.now()
+    )
+
+
+def results(run: WorkflowRun, step_name: str) -> Iterator[Any]:
+    """The job results of the run's latest fan-out of ``step_name``, in job order."""
+    step = (
+        WorkflowStep.objects.filter(run_id=run.pk, step_name=step_name, fan_out_total__isnull=False)
+        .order_by("-pk")
+        .first()
+    )
+    if step is None:
+        return iter(())
+    return FanOutJob.objects.filter(step_id=step.pk).order_by("index").values_list("result", flat=True).iterator()
+
+
+def recover_jobs(now: datetime, dead: list[str] | None = None) -> int:
+    """Put back running jobs past their ``stall_at`` (or of dead dispatchers): retried, or failed when spent."""
+    running = FanOutJob.objects.filter(status=JobStatus.RUNNING)
+    running = running.filter(claimed_by__in=dead) if dead is not None else running.filter(stall_at__lt=now)
+    recovered = 0
+    for job in running.select_related("step", "run").order_by("pk")[:BATCH_SIZE]:
+        why = "its dispatcher died" if dead is not None else f"it ran past its stall_at {job.stall_at}"
+        status = _fail(job, f"Job {job.function} #{job.index} attempt {job.attempts} stalled: {why}")
+        recovered += 1
+        if status == JobStatus.FAILED:
+            resolve_if_done(job.step_id, job.run_id)
+    return recovered
+
+
+def resolve_lost_fan_outs(now: datetime) -> int:
+    """The sweep phase: waiting fan-outs whose jobs all ended over ``STALL_THRESHOLD`` ago, resolved."""
+    cutoff = now - settings.STALL_THRESHOLD
+    steps = (
+        WorkflowStep.objects.filter(
+            status=StepStatus.WAITING, fan_out_total__isnull=False, run__status=RunStatus.WAITING
+        )
+        .annotate(
+            open_jobs=Count("jobs", filter=Q(jobs__status__in=UNFINISHED_JOB)),
+            last_end=Max("jobs__finished_at"),
+        )
+        .filter(open_jobs=0)
+        .filter(Q(last_end__lt=cutoff) | Q(last_end__isnull=True, waiting_since__lt=cutoff))
+        .order_by("pk")
+        .values_list("pk", "run_id")[:BATCH_SIZE]
+    )
+    return sum(resolve_if_done(step_pk, run_pk) for step_pk, run_pk in steps)

@@ -210,13 +210,14 @@ class WorkflowDispatcher:
             with self._lock:
                 busy = bool(self._inflight)
             return 0.05 if busy or claimed else None
-        return self._sleep_until_due(clock)
+        # With every slot busy, a finishing worker wakes the loop: no need to look ahead.
+        return self._sleep_until_due(clock, look_ahead=free > len(claimed))
 
-    def _sleep_until_due(self, clock: float) -> float:
+    def _sleep_until_due(self, clock: float, look_ahead: bool = False) -> float:
         timeout = min(settings.POLL_INTERVAL.total_seconds(), self._next_heartbeat - clock)
         if self.sweep:
             timeout = min(timeout, self._next_sweep - clock)
-        if not self.sweep_only:
+        if look_ahead:
             due = self._next_due_at()
             if due is not None:
                 timeout = min(timeout, (due - timezone.now()).total_seconds())
@@ -259,15 +260,16 @@ class WorkflowDispatcher:
         """Run a claimed attempt, then whatever its outcome chained for this worker."""
         chain = Chain(self.name, self.queues, stop=self._stopping)
         current: WorkflowStep | None = step
+        verify = True
         while current is not None:
             try:
-                execute_step(current, chain=chain)
+                execute_step(current, chain=chain, verify=verify)
             except Exception:
                 logger.exception("Step %s of run %s could not be finished", current.step_name, current.run_id)
                 connection.close()
                 self._orphans_possible.set()
                 return
-            current = chain.take()
+            current, verify = chain.take(), False
 
     def _recover_after_outage(self) -> None:
         """A claim whose commit we did not see may have committed: stall attempts no worker runs."""

@@ -176,15 +176,16 @@ def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed
             return ran
 
 
-def execute_step(step: WorkflowStep, *, chain: Chain | None = None) -> StepOutcome | None:
+def execute_step(step: WorkflowStep, *, chain: Chain | None = None, verify: bool = True) -> StepOutcome | None:
     """Run a claimed (in-progress) attempt and apply its outcome; returns the outcome.
 
     Exceptions from the body never escape: they become an ``error`` outcome that the
     exception policy resolves. Returns None when the attempt was no longer in progress.
     Writing the outcome is retried when the database connection drops (outside a
-    transaction of the caller's), so an attempt that ran is not left claimed.
+    transaction of the caller's), so an attempt that ran is not left claimed. ``verify=False``
+    skips the re-read of a step claimed by this very caller an instant ago (a chained step).
     """
-    if not WorkflowStep.objects.filter(pk=step.pk, status=StepStatus.IN_PROGRESS).exists():
+    if verify and not WorkflowStep.objects.filter(pk=step.pk, status=StepStatus.IN_PROGRESS).exists():
         return None  # cancelled (or stalled) between the claim and now: nothing runs
     run = step.run
     cls = workflow_class(run)

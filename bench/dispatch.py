@@ -43,11 +43,14 @@ def recreate_database() -> None:
     """Drop and create the bench database, then migrate it."""
     import psycopg
 
-    flags, name = psql_args(BENCH_URL)
+    _, name = psql_args(BENCH_URL)
     config = environ.Env.db_url_config(BENCH_URL)
     with psycopg.connect(
-        dbname="postgres", host=config.get("HOST") or "127.0.0.1", port=config.get("PORT") or 5432,
-        user=config.get("USER") or None, autocommit=True,
+        dbname="postgres",
+        host=config.get("HOST") or "127.0.0.1",
+        port=config.get("PORT") or 5432,
+        user=config.get("USER") or None,
+        autocommit=True,
     ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -78,9 +81,19 @@ def start_dispatchers(count: int, concurrency: int) -> list[subprocess.Popen[byt
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "django", "run_workflow_dispatcher", "--no-sweep", "-v", "0",
-             "--concurrency", str(concurrency)],
-            cwd=ROOT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "django",
+                "run_workflow_dispatcher",
+                "--no-sweep",
+                "-v",
+                "0",
+                "--concurrency",
+                str(concurrency),
+            ],
+            cwd=ROOT,
+            env=env,
         )
         for _ in range(count)
     ]

@@ -19,6 +19,7 @@ from django.utils import timezone
 from .. import signals
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
+from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..registry import registry
 from ..states import ACTIVE_STEP, TERMINAL_RUN, check_run_transition, check_step_transition
@@ -162,14 +163,26 @@ class RunLedger:
         *,
         wait: timedelta | None = None,
         attempt: int | None = None,
+        retry_of: WorkflowStep | None = None,
     ) -> WorkflowStep:
-        """Create the next attempt of ``definition`` (scheduled after its wait) and wake a dispatcher."""
+        """Create the next attempt of ``definition`` (scheduled after its wait) and wake a dispatcher.
+
+        A retry of a ``wait_for`` attempt (``retry_of``) keeps the signal it consumed, or its
+        timeout: the signal was spent on this step, and the retry must not wait for another.
+        """
         if attempt is None:
             previous = WorkflowStep.objects.filter(run_id=self.run.pk, step_name=definition.name)
             attempt = (previous.aggregate(n=Max("attempt"))["n"] or 0) + 1
         if wait is None:
             wait = resolve_wait(definition.wait, attempt)
         queue = definition.queue or self.cls.step_options.get("queue") or settings.DEFAULT_QUEUE
+        carry = (
+            bool(definition.wait_for)
+            and retry_of is not None
+            and retry_of.step_name == definition.name
+            # A wait that itself timed out (on_timeout="pause") waits again when resumed.
+            and not retry_of.error_class.endswith(WaitTimedOut.__name__)
+        )
         priority = definition.priority
         if priority is None:
             priority = self.cls.step_options.get("priority", 0)
@@ -182,6 +195,8 @@ class RunLedger:
             scheduled_at=self.now + wait,
             timeout=definition.timeout,
             created_at=self.now,
+            signal_id=retry_of.signal_id if carry and retry_of is not None else None,
+            timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
         )
         self.set_run(current_step=definition.name)
         self._queues.add(queue)

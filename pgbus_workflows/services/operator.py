@@ -48,7 +48,7 @@ def resume(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
                     f"Cannot resume {ledger.run.workflow_id}: its step {ledger.run.current_step!r} is not defined in "
                     f"{ledger.run.workflow_class}; resume_at() another step or cancel it"
                 )
-            active = ledger.schedule(definition, wait=timedelta(0))
+            active = ledger.schedule(definition, wait=timedelta(0), retry_of=_last_attempt(ledger))
         elif active.status == StepStatus.SCHEDULED:
             ledger.wake(active.queue)
         ledger.transition(

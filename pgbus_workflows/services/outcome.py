@@ -185,7 +185,7 @@ def _reattempt(
 ) -> None:
     if definition is None:  # an undefined step pauses (forced action); it never reattempts
         raise StepNotDefined(step.step_name)
-    ledger.schedule(definition, wait=wait, attempt=step.attempt + 1)
+    ledger.schedule(definition, wait=wait, attempt=step.attempt + 1, retry_of=step)
     _advance(
         ledger,
         step,
@@ -305,7 +305,7 @@ def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str) -> None
     if action == "reattempt":
         definition = ledger.cls.step_definition(step.step_name)
         if definition is not None:
-            ledger.schedule(definition, wait=timedelta(0), attempt=step.attempt + 1)
+            ledger.schedule(definition, wait=timedelta(0), attempt=step.attempt + 1, retry_of=step)
             _advance(ledger, step, kind="step_stalled", details=details)
             return
         action = "pause"

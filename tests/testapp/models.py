@@ -21,3 +21,16 @@ class SideEffect(models.Model):
     label = models.CharField(max_length=128)
     key = models.CharField(max_length=255, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class ChaosRecord(models.Model):
+    """What a chaos-harness step or job did: ``kind`` (atomic, key, execution, job), which run, which process."""
+
+    kind = models.CharField(max_length=16)
+    run_key = models.CharField(max_length=64)
+    key = models.CharField(max_length=255)
+    pid = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["kind", "run_key"])]

@@ -1,0 +1,321 @@
+"""Chaos harness: SIGKILL dispatchers (and optionally restart PostgreSQL) while runs go on; check nothing is lost.
+
+    .venv/bin/python bench/chaos.py [--runs 1000] [--dispatchers 3] [--kill-every 2] [--restart-postgres]
+
+It starts K dispatcher processes, starts N runs of ``ChaosWorkflow`` (tests/testapp/chaos_workflows.py:
+an atomic step that inserts a row, a step that records its ``step_idempotency_key``, a flaky
+step reattempted by a policy, a step waiting for a signal that this process delivers, a
+fan-out of three jobs), and every ``--kill-every`` seconds SIGKILLs a random dispatcher and
+starts a new one. At the end it checks every promise and prints a summary; the exit status
+is non-zero on any violation. The database is ``<DATABASE_URL name>_chaos``, made anew.
+``run_chaos()`` is also called by the test suite in a short mode, on its test database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Short thresholds: a killed dispatcher is taken for dead within seconds.
+CHAOS_SETTINGS = {
+    "SWEEP_INTERVAL": 0.5,
+    "HEARTBEAT_INTERVAL": 0.5,
+    "DISPATCHER_DEAD_AFTER": 3,
+    "POLL_INTERVAL": 0.5,
+    "STALL_THRESHOLD": 20,
+}
+
+
+@dataclass
+class ChaosReport:
+    """What happened and what was violated."""
+
+    runs: int
+    seconds: float = 0.0
+    kills: int = 0
+    restarts: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    attempts: int = 0
+    stalled: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """Printable lines."""
+        lines = [
+            f"runs: {self.runs}, seconds: {self.seconds:.1f}, dispatchers killed: {self.kills}, "
+            f"postgres restarts: {self.restarts}",
+            f"run statuses: {json.dumps(self.statuses, sort_keys=True)}",
+            f"step attempts: {self.attempts} (stalled and reattempted: {self.stalled})",
+        ]
+        lines += [f"VIOLATION: {v}" for v in self.violations[:50]]
+        lines.append("OK: every promise held" if not self.violations else f"{len(self.violations)} violation(s)")
+        return "\n".join(lines)
+
+
+class Dispatchers:
+    """The dispatcher processes, killed and replaced at random."""
+
+    def __init__(self, database_url: str, logs: Path) -> None:
+        self.database_url = database_url
+        self.logs = logs
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.started = 0
+
+    def start(self) -> None:
+        """One more dispatcher."""
+        env = {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT),
+            "PGBUS_WORKFLOWS_JSON": json.dumps(CHAOS_SETTINGS),
+        }
+        self.started += 1
+        log = (self.logs / f"dispatcher-{self.started}.log").open("wb")
+        self.processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "django", "run_workflow_dispatcher", "--concurrency", "3", "-v", "1"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+
+    def kill_one(self) -> None:
+        """SIGKILL a random live dispatcher and start a new one."""
+        live = [p for p in self.processes if p.poll() is None]
+        if live:
+            victim = random.choice(live)
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+        self.start()
+
+    def stop_all(self) -> None:
+        """SIGTERM every one, SIGKILL the ones that linger."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def deliver_signals(stop: threading.Event, errors: list[str]) -> None:
+    """Another party: signal "go" to runs (some early, before they wait), each with an idempotency key."""
+    from django.db import connection
+
+    from pgbus_workflows.exceptions import NotOngoing
+    from pgbus_workflows.models import WorkflowRun, WorkflowSignal
+
+    try:
+        while not stop.is_set():
+            signalled = WorkflowSignal.objects.values("run_id")
+            runs = list(
+                WorkflowRun.objects.filter(workflow_class="chaos", status__in=["waiting", "ready", "performing"])
+                .exclude(pk__in=signalled)
+                .values_list("pk", flat=True)[:200]
+            )
+            for run_pk in runs:
+                try:
+                    _deliver(run_pk)
+                except NotOngoing:
+                    pass
+                except Exception as error:  # a restarting database: try again next round
+                    errors.append(f"signal delivery: {error!r}")
+                    connection.close()
+            stop.wait(0.2)
+    finally:
+        connection.close()
+
+
+def _deliver(run_pk: int) -> None:
+    from pgbus_workflows.services.signals import deliver_signal
+
+    # Twice with one key: a webhook retry must not deliver twice.
+    for _ in range(2):
+        deliver_signal(run_pk, "go", {"run": run_pk}, idempotency_key=f"go-{run_pk}", actor="chaos")
+
+
+def restart_postgres() -> None:
+    """Restart the local cluster (the harness's --restart-postgres)."""
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True)
+
+
+def run_chaos(
+    database_url: str,
+    runs: int = 1000,
+    dispatchers: int = 3,
+    kill_every: float = 2.0,
+    restart: bool = False,
+    timeout: float = 900.0,
+    logs: Path | None = None,
+) -> ChaosReport:
+    """Start the runs, kill dispatchers while they go, wait for the end, check. Django must be set up."""
+    from django.db import connection
+
+    from pgbus_workflows.models import WorkflowRun
+    from tests.testapp.chaos_workflows import ChaosWorkflow
+
+    report = ChaosReport(runs=runs)
+    logs = logs or Path(tempfile.gettempdir()) / f"pgbus-chaos-{os.getpid()}"
+    logs.mkdir(parents=True, exist_ok=True)
+    pool = Dispatchers(database_url, logs)
+    stop = threading.Event()
+    errors: list[str] = []
+    started = time.monotonic()
+    for _ in range(dispatchers):
+        pool.start()
+    signaller = threading.Thread(target=deliver_signals, args=(stop, errors), daemon=True)
+    try:
+        for _ in range(runs):
+            ChaosWorkflow.start()
+        signaller.start()
+        next_kill = time.monotonic() + kill_every
+        restarted = not restart
+        while time.monotonic() - started < timeout:
+            try:
+                ongoing = WorkflowRun.objects.ongoing().filter(workflow_class="chaos").count()
+            except Exception:
+                connection.close()
+                ongoing = -1
+            if ongoing == 0:
+                break
+            if time.monotonic() >= next_kill:
+                pool.kill_one()
+                report.kills += 1
+                next_kill = time.monotonic() + kill_every
+            if not restarted and time.monotonic() - started > timeout / 20:
+                restart_postgres()
+                connection.close()
+                report.restarts += 1
+                restarted = True
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        signaller.join(timeout=10)
+        pool.stop_all()
+    report.seconds = time.monotonic() - started
+    check(report)
+    return report
+
+
+def check(report: ChaosReport) -> None:
+    """Every promise, from the rows."""
+    from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+    from pgbus_workflows.states import RUN_TRANSITIONS
+    from tests.testapp.models import ChaosRecord
+
+    chaos_runs = WorkflowRun.objects.filter(workflow_class="chaos")
+    runs = {str(wid): pk for wid, pk in chaos_runs.values_list("workflow_id", "pk")}
+    report.statuses = dict(Counter(WorkflowRun.objects.filter(workflow_class="chaos").values_list("status", flat=True)))
+    v = report.violations
+    if report.statuses.get("finished", 0) != report.runs:
+        v.append(f"not every run finished: {report.statuses}")
+    records: dict[str, dict[str, list[tuple[str, int]]]] = defaultdict(lambda: defaultdict(list))
+    for kind, run_key, key, pid in ChaosRecord.objects.values_list("kind", "run_key", "key", "pid").iterator():
+        records[kind][run_key].append((key, pid))
+    for wid in runs:
+        atomic = records["atomic"].get(wid, [])
+        if len(atomic) != 1:
+            v.append(f"run {wid}: the atomic step's row exists {len(atomic)} times")
+        keys = {key for key, _ in records["key"].get(wid, [])}
+        if keys != {f"{wid}:record_key"}:
+            v.append(f"run {wid}: recorded idempotency keys {sorted(keys)}")
+        jobs = {key for key, _ in records["job"].get(wid, [])}
+        if jobs != {f"{wid}:{i}" for i in range(3)}:
+            v.append(f"run {wid}: fan-out jobs that ran: {sorted(jobs)}")
+        by_attempt: dict[str, set[int]] = defaultdict(set)
+        for key, pid in records["execution"].get(wid, []):
+            by_attempt[key].add(pid)
+        for key, pids in by_attempt.items():
+            if len(pids) > 1:
+                v.append(f"run {wid}: attempt {key} ran in processes {sorted(pids)}")
+    for run_pk in runs.values():
+        _check_path(run_pk, RUN_TRANSITIONS, WorkflowEvent, v)
+    consumed = Counter(WorkflowSignal.objects.filter(run_id__in=runs.values()).values_list("run_id", flat=True))
+    for run_pk in runs.values():
+        if consumed.get(run_pk, 0) != 1:
+            v.append(f"run pk {run_pk}: {consumed.get(run_pk, 0)} signal rows (one idempotency key)")
+    report.attempts = WorkflowStep.objects.filter(run_id__in=runs.values()).count()
+    report.stalled = WorkflowStep.objects.filter(run_id__in=runs.values(), outcome="stalled").count()
+
+
+def _check_path(run_pk: int, table: dict[str, Any], events: Any, violations: list[str]) -> None:
+    status = None
+    for kind, transition, source, target in (
+        events.objects.filter(run_id=run_pk)
+        .exclude(to_status="")
+        .order_by("pk")
+        .values_list("kind", "transition", "from_status", "to_status")
+    ):
+        if kind == "started":
+            status = target
+            continue
+        if source != status or (source, target) not in table.get(transition, ()):
+            violations.append(f"run pk {run_pk}: event {kind} {transition} {source}->{target} after {status}")
+            return
+        status = target
+
+
+def main() -> int:
+    """Make the database, run the harness, print the summary."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--dispatchers", type=int, default=3)
+    parser.add_argument("--kill-every", type=float, default=2.0)
+    parser.add_argument("--restart-postgres", action="store_true")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args()
+
+    base = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/pgbus_workflows").split("?")[0]
+    url = base + "_chaos"
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    sys.path.insert(0, str(ROOT))
+    _recreate(url)
+    report = run_chaos(url, args.runs, args.dispatchers, args.kill_every, args.restart_postgres, args.timeout)
+    print(report.summary())
+    return 1 if report.violations else 0
+
+
+def _recreate(url: str) -> None:
+    import django
+    import environ
+    import psycopg
+
+    config = environ.Env.db_url_config(url)
+    with psycopg.connect(
+        dbname="postgres",
+        host=config.get("HOST") or "127.0.0.1",
+        port=config.get("PORT") or 5432,
+        user=config.get("USER") or None,
+        autocommit=True,
+    ) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{config["NAME"]}"')
+        conn.execute(f'CREATE DATABASE "{config["NAME"]}"')
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

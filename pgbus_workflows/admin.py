@@ -1,0 +1,417 @@
+"""The operator console: runs, attempts, events, signals and dispatchers, read only.
+
+Nothing here writes a row itself. The actions (bulk on the runs list, buttons on a run's
+page) call the public verbs user code calls, with the admin user's username as ``actor``,
+each behind its own permission (``WorkflowRun.Meta.permissions``). The dashboard is at
+``<admin>/pgbus_workflows/workflowrun/dashboard/``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import SEARCH_VAR
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model, OuterRef, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+from django.utils.translation import gettext_lazy as _
+
+from .admin_forms import OPERATIONS
+from .admin_views import (
+    bulk_operation,
+    change_url,
+    dashboard_context,
+    operation_view,
+    pretty_json,
+    run_page_context,
+    status_badge,
+    subject_link,
+)
+from .models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from .registry import registry
+from .states import RunStatus
+from .sweep import STUCK_REASONS, stuck_querysets
+
+#: A search term that may be the start of a workflow id (hex digits and dashes, 8 or more).
+UUID_START = re.compile(r"[0-9a-fA-F-]{8,36}")
+
+# -- filters ---------------------------------------------------------------------------------------
+
+
+class WorkflowClassFilter(admin.SimpleListFilter):
+    """Runs (or their attempts) of one workflow class: registered classes and stored names."""
+
+    title = _("workflow class")
+    parameter_name = "workflow_class"
+    lookup = "workflow_class"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        stored = set(WorkflowRun.objects.values_list("workflow_class", flat=True).distinct().order_by())
+        names = sorted(stored | {cls.name for cls in registry.classes()})
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(**{self.lookup: self.value()})
+        return queryset
+
+
+class StepClassFilter(WorkflowClassFilter):
+    """Attempts of runs of one workflow class."""
+
+    lookup = "run__workflow_class"
+
+
+class RunStatusFilter(admin.SimpleListFilter):
+    """Runs by status, as ``?status=paused`` (the dashboard links here)."""
+
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return list(RunStatus.choices)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(status=self.value()) if self.value() else queryset
+
+
+class StuckFilter(admin.SimpleListFilter):
+    """Runs stuck for one reason, with the queries the sweep's gauge counts."""
+
+    title = _("stuck")
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(reason, reason.replace("_", " ")) for reason in STUCK_REASONS]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        reason = self.value()
+        if not reason:
+            return queryset
+        if reason not in STUCK_REASONS:
+            raise IncorrectLookupParameters(f"Unknown stuck reason {reason!r}")
+        return queryset.filter(pk__in=stuck_querysets(timezone.now())[reason].values("pk"))
+
+
+class FinishedWithinFilter(admin.SimpleListFilter):
+    """Attempts that finished recently (the dashboard's "last hour" counts link here)."""
+
+    title = _("finished within")
+    parameter_name = "finished_within"
+    periods = {"1h": 1, "24h": 24}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("1h", _("the last hour")), ("24h", _("the last 24 hours"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        hours = self.periods.get(self.value() or "")
+        if hours is None:
+            return queryset
+        return queryset.filter(finished_at__gte=timezone.now() - timedelta(hours=hours))
+
+
+# -- shared ---------------------------------------------------------------------------------------
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Engine rows are written by the services only: nobody adds, edits or deletes them here."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+        # Fields shown through a display method (JSON in <pre>) are excluded in their raw form.
+        hidden = set(self.exclude or ())
+        return [f.name for f in self.opts.fields if f.name not in hidden] + list(self.readonly_fields)
+
+    @admin.display(description=_("run"), ordering="run")
+    def run_link(self, obj: Any) -> SafeString:
+        """The attempt's, event's or signal's run, linked to its page."""
+        url = change_url(self.admin_site.name, "workflowrun", obj.run_id)
+        return format_html('<a href="{}">{} {}</a>', url, obj.run.workflow_class, str(obj.run.workflow_id)[:8])
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+#: The run page's header, all read-only.
+RUN_FIELDS: tuple[str, ...] = ("workflow_id", "workflow_class", "subject", "coloured_status", "current_step")
+RUN_FIELDS += ("paused_reason", "arguments_json", "idempotency_key", "allow_multiple", "rerun_of_link")
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(ReadOnlyAdmin):
+    """Runs: the changelist, the run page with its timeline, the actions and the dashboard."""
+
+    list_display = (
+        "short_id",
+        "workflow_class",
+        "subject",
+        "coloured_status",
+        "current_step",
+        "attempt",
+        "started_at",
+        "status_changed_at",
+        "age",
+    )
+    list_display_links = ("short_id",)
+    list_filter = (WorkflowClassFilter, RunStatusFilter, StuckFilter)
+    search_fields = ("^workflow_id", "=subject_id", "idempotency_key")
+    date_hierarchy = "created_at"
+    list_per_page = 50
+    actions = ["pause_runs", "resume_runs", "cancel_runs", "rerun_runs", "run_now_runs", "skip_runs"]
+    fieldsets = (
+        (None, {"fields": RUN_FIELDS}),
+        (
+            _("Times"),
+            {"fields": ("created_at", "started_at", "status_changed_at", "finished_at"), "classes": ["collapse"]},
+        ),
+    )
+    readonly_fields = ("short_id", "subject", "coloured_status", "attempt", "age", "arguments_json", "rerun_of_link")
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        # Any short id is part of many UUIDs: workflow ids are searched only for a term that
+        # looks like the start of one (the 8 characters the list shows, or more), so that
+        # searching "42" finds subject 42 rather than every run whose id contains "42".
+        bits = request.GET.get(SEARCH_VAR, "").split()
+        if bits and all(UUID_START.fullmatch(bit) for bit in bits):
+            return ["^workflow_id", "=subject_id", "idempotency_key"]
+        return ["=subject_id", "idempotency_key"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
+        # One subquery, not one query per row: the changelist's cost does not grow with the page.
+        latest = WorkflowStep.objects.filter(run_id=OuterRef("pk")).order_by("-pk").values("attempt")[:1]
+        runs: QuerySet[WorkflowRun] = super().get_queryset(request)
+        return runs.annotate(latest_attempt=Subquery(latest))
+
+    # columns
+
+    @admin.display(description=_("run"), ordering="workflow_id")
+    def short_id(self, run: WorkflowRun) -> SafeString:
+        return format_html('<span title="{}">{}</span>', run.workflow_id, str(run.workflow_id)[:8])
+
+    @admin.display(description=_("subject"))
+    def subject(self, run: WorkflowRun) -> str:
+        return subject_link(self.admin_site, run.subject_type, run.subject_id)
+
+    @admin.display(description=_("status"), ordering="status")
+    def coloured_status(self, run: WorkflowRun) -> SafeString:
+        return status_badge(run.status, run.get_status_display())
+
+    @admin.display(description=_("attempt"), ordering="latest_attempt")
+    def attempt(self, run: WorkflowRun) -> Any:
+        return getattr(run, "latest_attempt", None) or "-"
+
+    @admin.display(description=_("age"), ordering="-created_at")
+    def age(self, run: WorkflowRun) -> str:
+        return timesince(run.created_at, depth=1)
+
+    @admin.display(description=_("arguments"))
+    def arguments_json(self, run: WorkflowRun) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(run.arguments))
+
+    @admin.display(description=_("rerun of"))
+    def rerun_of_link(self, run: WorkflowRun) -> Any:
+        if run.rerun_of is None:
+            return "-"
+        original = WorkflowRun.objects.filter(workflow_id=run.rerun_of).only("pk").first()
+        if original is None:
+            return str(run.rerun_of)
+        return format_html(
+            '<a href="{}">{}</a>', change_url(self.admin_site.name, "workflowrun", original.pk), run.rerun_of
+        )
+
+    # actions: each confirms with a reason, then calls the verb on every selected run
+
+    @admin.action(permissions=["pause"], description=_("Pause selected runs"))
+    def pause_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        return bulk_operation(self, request, queryset, "pause")
+
+    @admin.action(permissions=["pause"], description=_("Resume selected runs"))
+    def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        return bulk_operation(self, request, queryset, "resume")
+
+    @admin.action(permissions=["cancel"], description=_("Cancel selected runs"))
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        return bulk_operation(self, request, queryset, "cancel")
+
+    @admin.action(permissions=["rerun"], description=_("Rerun selected runs"))
+    def rerun_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        return bulk_operation(self, request, queryset, "rerun")
+
+    @admin.action(permissions=["run_now"], description=_("Run the scheduled step of selected runs now"))
+    def run_now_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        return bulk_operation(self, request, queryset, "run_now")
+
+    @admin.action(permissions=["skip"], description=_("Skip the current step of selected runs"))
+    def skip_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        return bulk_operation(self, request, queryset, "skip")
+
+    def _has(self, request: HttpRequest, permission: str) -> bool:
+        return request.user.has_perm(f"pgbus_workflows.{permission}_workflowrun")
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        """Pause and resume."""
+        return self._has(request, "pause")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "cancel")
+
+    def has_rerun_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "rerun")
+
+    def has_run_now_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "run_now")
+
+    def has_skip_permission(self, request: HttpRequest) -> bool:
+        """Skip the current step, and resume at a chosen step."""
+        return self._has(request, "skip")
+
+    def has_signal_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "signal")
+
+    # views
+
+    def get_urls(self) -> list[URLPattern]:
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        urls = [path("dashboard/", wrap(self.dashboard_view), name=f"{prefix}_dashboard")]
+        urls += [
+            path(f"<path:object_id>/{verb}/", wrap(partial(self.operation_view, verb=verb)), name=f"{prefix}_{verb}")
+            for verb in OPERATIONS
+        ]
+        return urls + super().get_urls()
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # Django drops an action the user may not run with a "No action selected." message;
+        # an operator console refuses it outright, so that a forged POST is visibly denied.
+        for action in request.POST.getlist("action") if request.method == "POST" else []:
+            verb = action.removesuffix("_runs")
+            if action.endswith("_runs") and verb in OPERATIONS and not self._has(request, OPERATIONS[verb].permission):
+                raise PermissionDenied
+        dashboard = reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_dashboard")
+        return super().changelist_view(request, {"dashboard_url": dashboard, **(extra_context or {})})
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        run = self.get_object(request, unquote(object_id))
+        if run is not None and self.has_view_permission(request, run):
+            extra_context = {**run_page_context(self.admin_site, request, run), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def operation_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+        """A run page's button: the verb's form, then the verb (403 without its permission)."""
+        return operation_view(self, request, unquote(object_id), verb)
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """Runs by class, status and stuck reason, live dispatchers, the last hour's attempts."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Workflows dashboard"),
+            "opts": self.opts,
+            **dashboard_context(self.admin_site, timezone.now()),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/pgbus_workflows/dashboard.html", context)
+
+
+# -- attempts, events, signals, dispatchers ------------------------------------------------------
+
+
+@admin.register(WorkflowStep)
+class WorkflowStepAdmin(ReadOnlyAdmin):
+    """Step attempts; a run's page links here filtered by run (``?run__id__exact=``)."""
+
+    list_display = (
+        "id",
+        "run_link",
+        "step_name",
+        "attempt",
+        "coloured_status",
+        "outcome",
+        "queue",
+        "scheduled_at",
+        "finished_at",
+        "error_class",
+    )
+    list_filter = (StepClassFilter, "status", "outcome", FinishedWithinFilter, "queue")
+    search_fields = ("=run__workflow_id", "step_name", "error_class")
+    list_select_related = ("run",)
+    readonly_fields = ("output_json", "traceback_text")
+    exclude = ("output", "traceback")
+
+    @admin.display(description=_("status"), ordering="status")
+    def coloured_status(self, step: WorkflowStep) -> SafeString:
+        return status_badge(step.status, step.get_status_display())
+
+    @admin.display(description=_("output"))
+    def output_json(self, step: WorkflowStep) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(step.output))
+
+    @admin.display(description=_("traceback"))
+    def traceback_text(self, step: WorkflowStep) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', step.traceback or "-")
+
+
+@admin.register(WorkflowEvent)
+class WorkflowEventAdmin(ReadOnlyAdmin):
+    """The audit trail: every transition and every operator verb, with its actor and reason."""
+
+    list_display = ("id", "created_at", "run_link", "kind", "actor", "reason", "from_status", "to_status")
+    list_filter = ("kind", "actor")
+    search_fields = ("=run__workflow_id", "actor", "reason")
+    list_select_related = ("run",)
+    readonly_fields = ("details_json",)
+    exclude = ("details",)
+
+    @admin.display(description=_("details"))
+    def details_json(self, event: WorkflowEvent) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(event.details))
+
+
+@admin.register(WorkflowSignal)
+class WorkflowSignalAdmin(ReadOnlyAdmin):
+    """Signals delivered to runs, pending until a step consumes them."""
+
+    list_display = ("id", "received_at", "run_link", "name", "coloured_status", "actor", "idempotency_key")
+    list_filter = ("status", "name")
+    search_fields = ("=run__workflow_id", "name", "idempotency_key")
+    list_select_related = ("run",)
+    readonly_fields = ("payload_json",)
+    exclude = ("payload",)
+
+    @admin.display(description=_("status"), ordering="status")
+    def coloured_status(self, signal: WorkflowSignal) -> SafeString:
+        return status_badge(signal.status, signal.get_status_display())
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, signal: WorkflowSignal) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(signal.payload))
+
+
+@admin.register(Dispatcher)
+class DispatcherAdmin(ReadOnlyAdmin):
+    """The dispatcher processes that heartbeat (dead ones are forgotten by the sweep)."""
+
+    list_display = ("name", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")

@@ -1,0 +1,204 @@
+"""The operator console in a real browser: headless Chromium driven by Playwright.
+
+An operator logs in, opens the dashboard, follows its "paused" link, opens the paused run
+and resumes it with a reason; a user without the pause permission sees no resume button.
+The tests also save the screenshots of the README (docs/dashboard.png, docs/run.png).
+
+Needs Debian's chromium at /usr/bin/chromium (``bash scripts/install_chromium``) and
+``pip install playwright``; ``playwright install`` is never needed. The tests are skipped
+when either is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from pgbus_workflows import OnException, Workflow, step
+from pgbus_workflows.models import Dispatcher, WorkflowEvent
+from pgbus_workflows.registry import registry
+from pgbus_workflows.testing import WorkflowTestMixin
+from tests.testapp.models import Order
+
+CHROMIUM = Path("/usr/bin/chromium")
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install playwright")
+
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: run bash scripts/install_chromium"),
+    pytest.mark.django_db(transaction=True),
+]
+
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+PASSWORD = "correct horse battery staple"
+
+helpers = WorkflowTestMixin()
+
+
+class CarrierDown(ConnectionError):
+    """The carrier's API did not answer."""
+
+
+class AdminOrderFulfilment(Workflow):
+    name = "admin_order_fulfilment"
+
+    @step
+    def reserve_stock(self):
+        return {"reserved": self.arguments.get("items", [])}
+
+    @step
+    def book_courier(self):
+        if self.arguments.get("carrier_down") and self.attempt == 1:
+            raise CarrierDown("carrier API timed out after 30 s")
+        return {"tracking": f"TRK-{self.subject.pk}"}
+
+    @step(wait=timedelta(days=2))
+    def ask_for_review(self):
+        pass
+
+
+class AdminInvoiceReminders(Workflow):
+    name = "admin_invoice_reminders"
+    exception_policies = [OnException(action="pause")]
+
+    @step
+    def send_invoice(self):
+        pass
+
+    @step(wait=timedelta(days=7))
+    def first_reminder(self):
+        pass
+
+
+class AdminRefundApproval(Workflow):
+    name = "admin_refund_approval"
+
+    @step(wait_for="approved")
+    def wait_for_approval(self):
+        return self.received_signal.payload
+
+    @step
+    def refund(self):
+        pass
+
+
+def operator(django_user_model: Any, username: str, *codenames: str) -> Any:
+    user = django_user_model.objects.create_user(username=username, password=PASSWORD, is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="pgbus_workflows", codename__in=codenames)
+    )
+    return user
+
+
+VIEW = ("view_workflowrun", "view_workflowstep", "view_workflowevent", "view_workflowsignal", "view_dispatcher")
+
+
+def some_runs() -> Workflow:
+    """A plausible mix of runs; returns the one paused by a failed attempt."""
+    for items in (["mug"], ["tea", "pot"], ["kettle"]):
+        helpers.speedrun_workflow(AdminOrderFulfilment.start(Order.objects.create(), items=items))
+    for _ in range(2):
+        helpers.perform_next_step(AdminOrderFulfilment.start(Order.objects.create(), items=["socks"]))
+    for _ in range(4):
+        helpers.perform_next_step(AdminInvoiceReminders.start(Order.objects.create()))
+    AdminInvoiceReminders.start(Order.objects.create()).cancel(actor="bob", reason="customer paid by phone")
+    for _ in range(2):
+        helpers.perform_next_step(AdminRefundApproval.start(Order.objects.create()))
+    Dispatcher.objects.create(name="worker-1:4242", hostname="worker-1", pid=4242, queues=["workflows"], concurrency=8)
+    failing = AdminOrderFulfilment.start(Order.objects.create(), items=["lamp", "bulb"], carrier_down=True)
+    helpers.perform_next_step(failing)
+    helpers.perform_next_step(failing)
+    assert failing.reload().status == "paused"
+    return failing
+
+
+@contextmanager
+def browser_page(live_server: Any) -> Iterator[Any]:
+    """A fresh page in headless Chromium. Playwright's sync API keeps an event loop running in
+    this thread, where Django refuses ORM calls: prepare rows before, check them after."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def log_in(page: Any, live_server: Any, username: str) -> None:
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+
+def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_user_model, monkeypatch):
+    # The dashboard lists every registered class; the README's screenshot shows only these.
+    demo = (AdminOrderFulfilment, AdminInvoiceReminders, AdminRefundApproval)
+    monkeypatch.setattr(registry, "_registry", {cls.name: cls for cls in demo})
+    failing = some_runs()
+    operator(django_user_model, "alice", *VIEW, "pause_workflowrun", "cancel_workflowrun", "skip_workflowrun")
+
+    with browser_page(live_server) as page:
+        log_in(page, live_server, "alice")
+        page.goto(f"{live_server.url}/admin/pgbus_workflows/")
+        page.click("text=Dashboard")
+        page.wait_for_selector("svg.pgbus-chart")
+        DOCS.mkdir(exist_ok=True)
+        page.screenshot(path=str(DOCS / "dashboard.png"), full_page=True)
+
+        page.click("#runs-by-status tr.pgbus-total a[href$='?status=paused']")
+        page.wait_for_selector("#result_list")
+        assert "status=paused" in page.url
+        page.click(f"#result_list a:has-text('{str(failing.workflow_id)[:8]}')")
+        page.wait_for_selector("#timeline")
+        assert page.locator(".pgbus-error").first.inner_text() == f"{__name__}.CarrierDown"
+        page.screenshot(path=str(DOCS / "run.png"), full_page=True)
+
+        page.click("a.pgbus-op-resume")
+        page.fill("#id_reason", "carrier is back up")
+        page.click("input[type=submit][value=Resume]")
+        page.wait_for_selector("#timeline")
+        assert "resumed" in page.locator("ul.messagelist").inner_text()
+        resumed = page.locator("tr.pgbus-event-resumed")
+        assert resumed.count() == 1
+        assert "alice" in resumed.inner_text() and "carrier is back up" in resumed.inner_text()
+        assert page.locator("a.pgbus-op-resume").count() == 0
+        assert page.locator("a.pgbus-op-pause").count() == 1
+
+    event = WorkflowEvent.objects.filter(run_id=failing.record.pk, kind="resumed").get()
+    assert (event.actor, event.reason) == ("alice", "carrier is back up")
+    assert failing.reload().status == "ready"
+
+
+def test_user_without_pause_permission_sees_no_resume_button(live_server, django_user_model):
+    failing = some_runs()
+    operator(django_user_model, "victor", *VIEW, "cancel_workflowrun")
+
+    with browser_page(live_server) as page:
+        log_in(page, live_server, "victor")
+        page.goto(f"{live_server.url}/admin/pgbus_workflows/workflowrun/{failing.record.pk}/change/")
+        page.wait_for_selector("#timeline")
+        assert page.locator("a.pgbus-op-resume").count() == 0
+        assert page.locator("a.pgbus-op-cancel").count() == 1
+        response = page.goto(f"{live_server.url}/admin/pgbus_workflows/workflowrun/{failing.record.pk}/resume/")
+        assert response is not None and response.status == 403
+
+    assert failing.reload().status == "paused"

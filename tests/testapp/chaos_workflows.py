@@ -1,0 +1,64 @@
+"""The chaos harness's workflow (bench/chaos.py): five steps, each a different kind of promise.
+
+Imported by the app's ready() so that dispatcher subprocesses know it.
+"""
+
+import hashlib
+import os
+from datetime import timedelta
+
+from pgbus_workflows import Job, OnException, Workflow, fan_out, step
+
+from .models import ChaosRecord
+
+
+class FlakyService(ConnectionError):
+    """A remote call that fails now and then."""
+
+
+def _record(kind: str, run_key: str, key: str) -> None:
+    ChaosRecord.objects.create(kind=kind, run_key=run_key, key=key, pid=os.getpid())
+
+
+def chaos_job(run_key: str, index: int) -> int:
+    """One fan-out member: records that it ran (at least once is the promise)."""
+    _record("job", run_key, f"{run_key}:{index}")
+    return index
+
+
+class ChaosWorkflow(Workflow):
+    """Atomic insert, idempotency key, flaky call, signal wait, fan-out."""
+
+    name = "chaos"
+    exception_policies = [OnException(FlakyService, action="reattempt", wait=timedelta(0), max_reattempts=10)]
+
+    def _execution(self) -> None:
+        # One row per attempt (step name and attempt number) and process: two processes on one attempt would show.
+        _record("execution", str(self.workflow_id), f"{self.current_step}:{self.attempt}")
+
+    @step(atomic=True)
+    def write_receipt(self):
+        self._execution()
+        _record("atomic", str(self.workflow_id), "receipt")
+
+    @step
+    def record_key(self):
+        self._execution()
+        _record("key", str(self.workflow_id), self.step_idempotency_key)
+
+    @step
+    def call_flaky_service(self):
+        self._execution()
+        digest = hashlib.sha256(f"{self.workflow_id}:{self.attempt}".encode()).digest()
+        if self.attempt < 4 and digest[0] % 3 == 0:
+            raise FlakyService(f"flaky on attempt {self.attempt}")
+
+    @step(wait_for="go")
+    def wait_for_go(self):
+        self._execution()
+        return {"signal": self.received_signal.payload if self.received_signal else None}
+
+    @fan_out(max_attempts=3)
+    def fan(self):
+        self._execution()
+        return [Job(chaos_job, str(self.workflow_id), i) for i in range(3)]

@@ -39,7 +39,7 @@ from .admin_views import (
     status_badge,
     subject_link,
 )
-from .models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from .models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from .registry import registry
 from .states import RunStatus
 from .sweep import STUCK_REASONS, stuck_querysets
@@ -415,3 +415,27 @@ class DispatcherAdmin(ReadOnlyAdmin):
     """The dispatcher processes that heartbeat (dead ones are forgotten by the sweep)."""
 
     list_display = ("name", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
+
+
+@admin.register(FanOutJob)
+class FanOutJobAdmin(ReadOnlyAdmin):
+    """Fan-out jobs; a run's timeline links here filtered by step (``?step__id__exact=``)."""
+
+    list_display = ("id", "run_link", "step", "index", "function", "coloured_status", "attempts", "finished_at")
+    list_filter = ("status", "function")
+    search_fields = ("=run__workflow_id", "function")
+    list_select_related = ("run", "step")
+    readonly_fields = ("arguments_json", "result_json")
+    exclude = ("arguments", "result")
+
+    @admin.display(description=_("status"), ordering="status")
+    def coloured_status(self, job: FanOutJob) -> SafeString:
+        return status_badge(job.status, job.get_status_display())
+
+    @admin.display(description=_("arguments"))
+    def arguments_json(self, job: FanOutJob) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.arguments))
+
+    @admin.display(description=_("result"))
+    def result_json(self, job: FanOutJob) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.result))

@@ -35,6 +35,7 @@ from .admin_forms import OPERATIONS, Operation, ReasonForm, allowed_verbs, perfo
 from .conf import settings
 from .exceptions import WorkflowError
 from .models import Dispatcher, WorkflowRun, WorkflowStep
+from .services.fanout import progress
 from .states import ACTIVE_STEP, RunStatus, StepStatus
 from .sweep import STUCK_REASONS, gauge
 
@@ -227,6 +228,9 @@ def run_page_context(site: AdminSite, request: HttpRequest, run: WorkflowRun) ->
             if step.started_at and step.finished_at
             else "",
             "output": None if step.output is None else pretty_json(step.output),
+            "fan_out": None
+            if step.fan_out_total is None
+            else {**progress(step), "url": changelist_url(site.name, "fanoutjob", step__id__exact=step.pk)},
         }
         for step in steps
     ]

@@ -1,14 +1,16 @@
-"""System checks: the ``PGBUS_WORKFLOWS`` settings are valid and the database is supported."""
+"""System checks: valid ``PGBUS_WORKFLOWS`` settings, a supported database, one dispatcher on SQLite."""
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
-from django.db import connections
+from django.db import DatabaseError, connections
+from django.utils import timezone
 
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration
 
@@ -77,5 +79,72 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
             f"pgbus_workflows is untested on the {vendor} database.",
             hint="Use PostgreSQL 14+ in production (SQLite for development).",
             id="pgbus_workflows.W001",
+        )
+    ]
+
+
+def _sqlite_file_missing(alias: str) -> bool:
+    """True when the SQLite database of ``alias`` is a file that does not exist yet.
+
+    Connecting would create an empty file: ``manage.py check`` on a fresh clone must not.
+    """
+    name = str(connections[alias].settings_dict.get("NAME") or "")
+    if not name or name == ":memory:" or name.startswith("file:") or "mode=memory" in name:
+        return False
+    return not os.path.exists(name)
+
+
+@register(Tags.compatibility)
+def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """On SQLite, transactions must take the write lock when they begin.
+
+    With SQLite's default (deferred) transactions, a transaction that reads and then writes
+    fails at once with "database is locked" when another connection writes meanwhile (the
+    busy timeout cannot help): a dispatcher's threads and the web process then fail steps.
+    """
+    connection = connections["default"]
+    if connection.vendor != "sqlite":
+        return []
+    mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode") or "DEFERRED").upper()
+    if mode in ("IMMEDIATE", "EXCLUSIVE"):
+        return []
+    return [
+        CheckWarning(
+            f"SQLite transactions are {mode}: a dispatcher will fail with 'database is locked' "
+            "when another connection writes at the same time.",
+            hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE"} to DATABASES["default"].',
+            id="pgbus_workflows.W003",
+        )
+    ]
+
+
+# Tagged ``compatibility``, not ``database``: database checks only run with ``check --database``,
+# and this one must run with a plain ``manage.py check`` (it queries SQLite only, cheaply).
+@register(Tags.compatibility)
+def check_sqlite_dispatchers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """On SQLite, warn when several dispatchers heartbeat at once: it takes a single one."""
+    connection = connections["default"]
+    if connection.vendor != "sqlite" or _sqlite_file_missing("default"):
+        return []
+    from .conf import settings
+    from .models import Dispatcher
+
+    try:
+        if Dispatcher._meta.db_table not in connection.introspection.table_names():
+            return []  # not migrated yet
+        fresh_since = timezone.now() - settings.DISPATCHER_DEAD_AFTER
+        names = list(Dispatcher.objects.filter(heartbeat_at__gte=fresh_since).values_list("name", flat=True)[:10])
+    except DatabaseError:
+        return []  # the database cannot answer: other checks and commands will say why
+    if len(names) < 2:
+        return []
+    return [
+        CheckWarning(
+            f"{len(names)} workflow dispatchers share the SQLite database ({', '.join(names)}).",
+            hint=(
+                "SQLite has no SKIP LOCKED and no advisory lock: run a single dispatcher "
+                "(manage.py run_workflow_dispatcher), or use PostgreSQL to run several."
+            ),
+            id="pgbus_workflows.W002",
         )
     ]

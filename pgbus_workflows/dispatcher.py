@@ -33,7 +33,7 @@ from django.utils import timezone
 from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from .services.executor import Chain, claim_due_steps, execute_step
-from .services.fanout import claim_due_jobs, execute_job
+from .services.fanout import claim_due_jobs, execute_job, recover_jobs
 from .states import RunStatus, StepStatus
 from .sweep import Sweeper, stall
 
@@ -145,6 +145,7 @@ class WorkflowDispatcher:
         try:
             if not_done:
                 self._stall_own("shutdown_timeout")
+                recover_jobs(timezone.now(), dead=[self.name])
             Dispatcher.objects.filter(name=self.name).delete()
         except DB_ERRORS:
             logger.exception("Could not release dispatcher %s; the sweep will", self.name)
@@ -250,11 +251,22 @@ class WorkflowDispatcher:
         self._wake.set()
 
     def _run_job(self, job: FanOutJob) -> None:
-        try:
-            execute_job(job)
-        except Exception:
-            logger.exception("Fan-out job %s #%s of run %s could not be finished", job.function, job.index, job.run_id)
-            connection.close()
+        """Run a claimed job, then the next ones claimed with each job's end."""
+        chain = Chain(self.name, self.queues, stop=self._stopping)
+        current: FanOutJob | None = job
+        while current is not None:
+            try:
+                execute_job(current, chain=chain)
+            except Exception:
+                logger.exception(
+                    "Fan-out job %s #%s of run %s could not be finished",
+                    current.function,
+                    current.index,
+                    current.run_id,
+                )
+                connection.close()
+                return
+            current, chain.next_job = chain.next_job, None
 
     def _work(self, step: WorkflowStep) -> None:
         """Run a claimed attempt, then whatever its outcome chained for this worker."""

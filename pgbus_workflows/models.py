@@ -166,7 +166,7 @@ class WorkflowStep(models.Model):
         indexes = [
             # Serves the claim query only: finished history never enters it.
             models.Index(
-                fields=["priority", "scheduled_at"],
+                fields=["priority", "scheduled_at", "id"],
                 condition=Q(status=StepStatus.SCHEDULED),
                 name="pgbus_wf_step_due",
             ),
@@ -320,7 +320,9 @@ class FanOutJob(models.Model):
         indexes = [
             # Serves the job claim query only.
             models.Index(
-                fields=["priority", "scheduled_at"], condition=Q(status=JobStatus.PENDING), name="pgbus_wf_job_due"
+                fields=["priority", "scheduled_at", "id"],
+                condition=Q(status=JobStatus.PENDING),
+                name="pgbus_wf_job_due",
             ),
             # "Is any job of this step unfinished?" stops at the first entry: no count over 10,000 rows.
             models.Index(fields=["step"], condition=Q(status__in=UNFINISHED_JOB), name="pgbus_wf_job_unfinished"),

@@ -42,6 +42,8 @@ def _waiting_for(workflow: Workflow) -> str:
     step = waiting_step(workflow.record)
     if step is None:
         return "is waiting"
+    if step.fan_out_total is not None:
+        return f"is waiting on step {step.step_name}'s {step.fan_out_total} fan-out jobs: complete_fan_out moves it on"
     names = ", ".join(step.wait_for or [])
     timeout = ", expire_wait times it out" if step.timeout_at else ""
     return f"is waiting on step {step.step_name} for signal {names}: deliver_signal moves it on{timeout}"

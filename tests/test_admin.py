@@ -758,3 +758,26 @@ def test_rerun_page_links_back_to_the_original_run(operator_client):
     html = response.content.decode()
     assert f'<a href="{run_page(wf)}">{wf.workflow_id}</a>' in html
     assert f"Rerun started as run {new.workflow_id}." in html
+
+
+def test_run_page_shows_fan_out_progress_linked_to_its_read_only_jobs(operator_client, django_user_model):
+    from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
+    from tests.testapp.workflows import Squares
+
+    wf = Squares.start(count=3)
+    helpers.perform_next_step(wf)  # opens the fan-out: three jobs
+    for job in claim_due_jobs(2):
+        execute_job(job)
+    fan_out_step = WorkflowStep.objects.get(run=wf.record, step_name="compute")
+
+    html = operator_client.get(run_page(wf)).content.decode()
+
+    assert "fan-out: 2 done / 0 failed / 3 jobs" in html
+    jobs_url = f"/admin/pgbus_workflows/fanoutjob/?step__id__exact={fan_out_step.pk}"
+    assert jobs_url in html
+    alice = django_user_model.objects.get(username="alice")
+    alice.user_permissions.add(Permission.objects.get(codename="view_fanoutjob"))
+    jobs_page = operator_client.get(jobs_url)
+    assert jobs_page.status_code == 200
+    assert jobs_page.content.decode().count('<td class="field-function">tests.testapp.jobs.square</td>') == 3
+    assert operator_client.post("/admin/pgbus_workflows/fanoutjob/add/", {}).status_code == 403

@@ -21,7 +21,7 @@ from django.utils import timezone
 from ..conf import settings
 from ..definitions import Job
 from ..exceptions import StepNotDefined
-from ..models import WorkflowRun, WorkflowStep
+from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from ..workflow import FlowControl, StepContext, Workflow
 from . import waiting
@@ -140,6 +140,8 @@ class Chain:
     claimed_by: str
     queues: frozenset[str] | None = None
     next_step: WorkflowStep | None = None
+    #: The fan-out job claimed with the end of the previous one (services.fanout.execute_job).
+    next_job: FanOutJob | None = None
     #: Set when the worker stops taking work (a dispatcher shutting down).
     stop: threading.Event | None = None
 

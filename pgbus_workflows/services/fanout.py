@@ -25,6 +25,7 @@ from ..exceptions import FanOutFailed
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from . import waiting
+from .executor import Chain, with_reconnect
 from .ledger import RunLedger, locked_run, workflow_class
 from .outcome import StepOutcome
 from .payload import encode_payload
@@ -81,19 +82,36 @@ def _start(ids: list[int], now: datetime, claimed_by: str) -> list[FanOutJob]:
     return jobs
 
 
-def execute_job(job: FanOutJob) -> str:
-    """Run a claimed job and record how it ended; resolve the step when it was the last. Returns the status."""
+def execute_job(job: FanOutJob, *, chain: Chain | None = None) -> str:
+    """Run a claimed job and record how it ended; resolve the step when it was the last. Returns the status.
+
+    With a ``chain``, the transaction that records the end also claims this worker's next
+    due job (``chain.next_job``): one commit per job. Recording is retried when the
+    database connection drops, so a job that ran is not left running.
+    """
+    error_text: str | None = None
+    result: Any = None
     try:
         function = resolve_job(job.function)
         value = function(*job.arguments.get("args", []), **job.arguments.get("kwargs", {}))
         result = encode_payload(value, f"result of job {job.function} #{job.index}")
     except Exception as error:
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        status = _fail(job, text)
-    else:
-        status = JobStatus.SUCCEEDED if _finish(job, JobStatus.SUCCEEDED, result=result) else ""
+        error_text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+
+    def record() -> str:
+        with transaction.atomic():
+            if error_text is not None:
+                status = _fail(job, error_text)
+            else:
+                status = JobStatus.SUCCEEDED if _finish(job, JobStatus.SUCCEEDED, result=result) else ""
+            if chain is not None and not (chain.stop is not None and chain.stop.is_set()):
+                claimed = claim_due_jobs(1, chain.queues, chain.claimed_by)
+                chain.next_job = claimed[0] if claimed else None
+        return status
+
+    status = with_reconnect(record)
     if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-        resolve_if_done(job.step_id, job.run_id)
+        with_reconnect(lambda: resolve_if_done(job.step_id, job.run_id))
     return status
 
 
@@ -110,8 +128,12 @@ def _fail(job: FanOutJob, error: str) -> str:
     if job.attempts < job.max_attempts:
         definition = workflow_class(job.run).step_definition(job.step.step_name)
         backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
-        retried = _finish(job, JobStatus.PENDING, error=error, scheduled_at=timezone.now() + backoff)
-        return JobStatus.PENDING if retried else ""
+        # Only a fan-out that still waits wants the retry: not one cancelled or skipped meanwhile.
+        retried = FanOutJob.objects.filter(
+            pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts, step__status=StepStatus.WAITING
+        ).update(status=JobStatus.PENDING, error=error, scheduled_at=timezone.now() + backoff, stall_at=None)
+        if retried:
+            return JobStatus.PENDING
     return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
 
 

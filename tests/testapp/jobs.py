@@ -15,3 +15,69 @@ def fail_on(n: int, bad: list[int]) -> int:
     if n in bad:
         raise ValueError(f"job {n} fails on purpose")
     return n
+
+
+# -- fan-out tests (tests/test_fanout*.py) and the fan-out benchmark (bench/fanout.py) -------------
+
+#: Barriers the race tests put here by name: ``meet`` jobs wait on theirs, so they end together.
+BARRIERS: dict = {}
+
+
+def noop(i: int) -> int:
+    """Do nothing: what the benchmark measures is the engine, not the job."""
+    return i
+
+
+def record_job(key: str) -> str:
+    """Record one run of the job (a SideEffect keyed ``key``): duplicates would show."""
+    SideEffect.objects.create(label="fan-job", key=key)
+    return key
+
+
+def flaky(key: str, failures: int) -> int:
+    """Fail the first ``failures`` calls for ``key``; then return the number of the call."""
+    calls = SideEffect.objects.filter(label="flaky", key=key).count() + 1
+    SideEffect.objects.create(label="flaky", key=key)
+    if calls <= failures:
+        raise RuntimeError(f"flaky {key} attempt {calls} fails")
+    return calls
+
+
+def sleepy_once(key: str, seconds: float) -> str:
+    """Hang for ``seconds`` the first time it runs for ``key`` (a crash victim); return at once later."""
+    import time
+
+    first = not SideEffect.objects.filter(label="sleepy-start", key=key).exists()
+    SideEffect.objects.create(label="sleepy-start", key=key)
+    if first:
+        time.sleep(seconds)
+    SideEffect.objects.create(label="sleepy-end", key=key)
+    return key
+
+
+def meet(name: str, index: int) -> int:
+    """Wait at ``BARRIERS[name]`` (when the test set one) so the jobs of a race end at the same moment."""
+    barrier = BARRIERS.get(name)
+    if barrier is not None:
+        barrier.wait(30)
+    return index
+
+
+def oversized(size: int) -> str:
+    """Return a result of ``size`` bytes (over MAX_PAYLOAD_SIZE in the tests)."""
+    return "x" * size
+
+
+def drop_connection_once(key: str) -> str:
+    """The first time for ``key``: record the call, then have the server drop this thread's connection."""
+    import psycopg
+    from django.db import connection
+
+    first = not SideEffect.objects.filter(label="dropped", key=key).exists()
+    SideEffect.objects.create(label="dropped", key=key)
+    if first:
+        keep = ("dbname", "user", "password", "host", "port")
+        params = {k: v for k, v in connection.get_connection_params().items() if k in keep and v not in (None, "")}
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+    return key

@@ -141,3 +141,55 @@ class Squares(Workflow):
     @step
     def total(self):
         return {"sum": sum(self.fan_out_results("compute"))}
+
+
+# -- fan-out classes the dispatcher subprocesses and the fan-out benchmark use -------------------
+
+
+class FanSleepy(Workflow):
+    """One job hangs on its first attempt (a SIGKILL victim), the others are quick; then a step reads them."""
+
+    name = "fan_sleepy"
+
+    @fan_out(max_attempts=2)
+    def work(self):
+        from .jobs import record_job, sleepy_once
+
+        jobs = [Job(sleepy_once, "slow", self.arguments.get("seconds", 30))]
+        return jobs + [Job(record_job, f"quick-{i}") for i in range(self.arguments.get("quick", 4))]
+
+    @step
+    def after(self):
+        return {"results": list(self.fan_out_results("work"))}
+
+
+class FanDrain(Workflow):
+    """``count`` jobs, each recording one SideEffect (duplicates would show), then a step counts them."""
+
+    name = "fan_drain"
+
+    @fan_out
+    def drain(self):
+        from .jobs import record_job
+
+        return [Job(record_job, f"drain-{i}") for i in range(self.arguments.get("count", 300))]
+
+    @step
+    def after(self):
+        return {"n": sum(1 for _ in self.fan_out_results("drain"))}
+
+
+class FanBench(Workflow):
+    """``count`` trivial jobs (the fan-out benchmark), then an empty step."""
+
+    name = "fan_bench"
+
+    @fan_out
+    def jobs(self):
+        from .jobs import noop
+
+        return [Job(noop, i) for i in range(self.arguments.get("count", 10_000))]
+
+    @step
+    def done(self):
+        pass

@@ -2,7 +2,8 @@
 
 An operator logs in, opens the dashboard, follows its "paused" link, opens the paused run
 and resumes it with a reason; a user without the pause permission sees no resume button.
-The tests also save the screenshots of the README (docs/dashboard.png, docs/run.png).
+The tests also take the screenshots of the README: with UPDATE_SCREENSHOTS=1 they are saved
+to docs/dashboard.png and docs/run.png, otherwise to a temporary folder.
 
 Needs Debian's chromium at /usr/bin/chromium (``bash scripts/install_chromium``) and
 ``pip install playwright``; ``playwright install`` is never needed. The tests are skipped
@@ -11,6 +12,7 @@ when either is missing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -45,6 +47,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+UPDATE_SCREENSHOTS = os.environ.get("UPDATE_SCREENSHOTS") == "1"
 PASSWORD = "correct horse battery staple"
 
 helpers = WorkflowTestMixin()
@@ -149,7 +152,8 @@ def log_in(page: Any, live_server: Any, username: str) -> None:
     page.wait_for_selector("#user-tools")
 
 
-def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_user_model, monkeypatch):
+def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_user_model, monkeypatch, tmp_path):
+    shots = DOCS if UPDATE_SCREENSHOTS else tmp_path
     # The dashboard lists every registered class; the README's screenshot shows only these.
     demo = (AdminOrderFulfilment, AdminInvoiceReminders, AdminRefundApproval)
     monkeypatch.setattr(registry, "_registry", {cls.name: cls for cls in demo})
@@ -161,8 +165,8 @@ def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_us
         page.goto(f"{live_server.url}/admin/pgbus_workflows/")
         page.click("text=Dashboard")
         page.wait_for_selector("svg.pgbus-chart")
-        DOCS.mkdir(exist_ok=True)
-        page.screenshot(path=str(DOCS / "dashboard.png"), full_page=True)
+        shots.mkdir(exist_ok=True)
+        page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
 
         page.click("#runs-by-status tr.pgbus-total a[href$='?status=paused']")
         page.wait_for_selector("#result_list")
@@ -170,7 +174,7 @@ def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_us
         page.click(f"#result_list a:has-text('{str(failing.workflow_id)[:8]}')")
         page.wait_for_selector("#timeline")
         assert page.locator(".pgbus-error").first.inner_text() == f"{__name__}.CarrierDown"
-        page.screenshot(path=str(DOCS / "run.png"), full_page=True)
+        page.screenshot(path=str(shots / "run.png"), full_page=True)
 
         page.click("a.pgbus-op-resume")
         page.fill("#id_reason", "carrier is back up")

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import signals
+from .. import rows, signals
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from ..workflow import Workflow
 
 SYSTEM_ACTOR = "system"
+_NEXT_ATTEMPT = (
+    f"(SELECT COALESCE(MAX(attempt), 0) + 1 FROM {WorkflowStep._meta.db_table} WHERE run_id = %s AND step_name = %s)"  # noqa: S608
+)
 
 
 def workflow_class(run: WorkflowRun) -> type[Workflow]:
@@ -64,7 +67,7 @@ class RunLedger:
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
-        return WorkflowStep.objects.select_for_update().filter(pk=pk, run_id=self.run.pk).first()
+        return rows.lock(WorkflowStep, "id = %s AND run_id = %s", [pk, self.run.pk])
 
     def active_step(self) -> WorkflowStep | None:
         """The run's scheduled, in-progress or waiting attempt, locked; None when it has none."""
@@ -155,7 +158,7 @@ class RunLedger:
                 outcome=step.outcome,
                 error_class=step.error_class,
             )
-        step.save(update_fields=["status", *fields])
+        rows.update(step, ["status", *fields])
 
     def schedule(
         self,
@@ -170,11 +173,15 @@ class RunLedger:
         A retry of a ``wait_for`` attempt (``retry_of``) keeps the signal it consumed, or its
         timeout: the signal was spent on this step, and the retry must not wait for another.
         """
-        if attempt is None:
+        computed = {}
+        if attempt is None and (wait is not None or not callable(definition.wait)):
+            # Numbered by the INSERT itself: one statement instead of a MAX query and an INSERT.
+            computed["attempt"] = (_NEXT_ATTEMPT, [self.run.pk, definition.name])
+        elif attempt is None:
             previous = WorkflowStep.objects.filter(run_id=self.run.pk, step_name=definition.name)
             attempt = (previous.aggregate(n=Max("attempt"))["n"] or 0) + 1
         if wait is None:
-            wait = resolve_wait(definition.wait, attempt)
+            wait = resolve_wait(definition.wait, attempt or 1)
         queue = definition.queue or self.cls.step_options.get("queue") or settings.DEFAULT_QUEUE
         carry = (
             bool(definition.wait_for)
@@ -186,10 +193,10 @@ class RunLedger:
         priority = definition.priority
         if priority is None:
             priority = self.cls.step_options.get("priority", 0)
-        step = WorkflowStep.objects.create(
+        step = WorkflowStep(
             run=self.run,
             step_name=definition.name,
-            attempt=attempt,
+            attempt=attempt or 1,
             queue=queue,
             priority=priority,
             scheduled_at=self.now + wait,
@@ -198,6 +205,7 @@ class RunLedger:
             signal_id=retry_of.signal_id if carry and retry_of is not None else None,
             timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
         )
+        rows.insert(step, computed)
         self.set_run(current_step=definition.name)
         self._queues.add(queue)
         self.scheduled = step
@@ -214,10 +222,10 @@ class RunLedger:
     def flush(self) -> None:
         """Save the run, insert the events, queue the NOTIFY and the after-commit signals."""
         if self._run_fields:
-            self.run.save(update_fields=sorted(self._run_fields))
+            rows.update(self.run, sorted(self._run_fields))
             self._run_fields.clear()
         if self._events:
-            WorkflowEvent.objects.bulk_create(self._events)
+            rows.insert_many(self._events)
             self._events = []
         for queue in sorted(self._queues):
             notify(queue)
@@ -240,7 +248,9 @@ def locked_run(pk: int, *, now: datetime | None = None) -> Iterator[RunLedger]:
     Raises ``WorkflowRun.DoesNotExist`` when there is no such run.
     """
     with transaction.atomic():
-        run = WorkflowRun.objects.select_for_update().get(pk=pk)
+        run = rows.lock(WorkflowRun, "id = %s", [pk])
+        if run is None:
+            raise WorkflowRun.DoesNotExist(f"No workflow run with pk {pk}")
         ledger = RunLedger(run, now)
         yield ledger
         ledger.flush()

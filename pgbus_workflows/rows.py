@@ -1,0 +1,121 @@
+"""Lean writes for the hot path: one cached statement per (model, fields), no ORM compiler.
+
+Running a step writes a handful of rows; building each statement through the ORM cost more
+CPU than the database spent on it. These helpers write exactly what ``Model.save`` would
+(values prepared by each field's ``get_db_prep_save``), with the SQL text built once.
+Reads and everything off the hot path still use the ORM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from django.db import connection
+from django.db.models import Field, Model
+
+M = TypeVar("M", bound=Model)
+_statements: dict[tuple[Any, ...], str] = {}
+
+
+def _quote(name: str | None) -> str:
+    return connection.ops.quote_name(str(name))
+
+
+def _pk_column(model: type[Model]) -> str:
+    return _quote(model._meta.pk.column if model._meta.pk else "id")
+
+
+def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
+    return [model._meta.get_field(name) for name in names]  # type: ignore[misc]
+
+
+def update(instance: Model, names: Sequence[str]) -> None:
+    """``UPDATE`` the columns of ``names`` of one row (like ``save(update_fields=names)``)."""
+    model = type(instance)
+    fields = _fields(model, names)
+    key = ("update", model, tuple(names))
+    sql = _statements.get(key)
+    if sql is None:
+        assignments = ", ".join(f"{_quote(f.column)} = %s" for f in fields)
+        sql = f"UPDATE {_quote(model._meta.db_table)} SET {assignments} WHERE {_pk_column(model)} = %s"
+        _statements[key] = sql
+    params = [f.get_db_prep_save(getattr(instance, f.attname), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, instance.pk])
+
+
+def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = None) -> Any:
+    """``INSERT`` one row and set its primary key; ``computed`` columns take an SQL expression.
+
+    ``computed`` maps a field name to ``(sql, params)``; its value is read back and set on the
+    instance (``RETURNING``).
+    """
+    model = type(instance)
+    meta = model._meta
+    computed = computed or {}
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    key = ("insert", model, tuple(sorted(computed)), tuple(sql for sql, _ in computed.values()))
+    sql = _statements.get(key)
+    if sql is None:
+        columns = ", ".join(_quote(f.column) for f in fields)
+        values = ", ".join(computed[f.name][0] if f.name in computed else "%s" for f in fields)
+        extra = [_quote(field.column) for field in _fields(model, list(computed))]
+        returning = ", ".join([_pk_column(model), *extra])
+        sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES ({values}) RETURNING {returning}"
+        _statements[key] = sql
+    params: list[Any] = []
+    for field in fields:
+        if field.name in computed:
+            params.extend(computed[field.name][1])
+        else:
+            params.append(field.get_db_prep_save(field.pre_save(instance, True), connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    instance.pk = row[0]
+    for name, value in zip(computed, row[1:], strict=True):
+        setattr(instance, name, value)
+    instance._state.adding = False
+    instance._state.db = connection.alias
+    return instance
+
+
+def insert_many(instances: Sequence[Model]) -> None:
+    """``INSERT`` several rows of one model in one statement (primary keys are not read back)."""
+    if not instances:
+        return
+    model = type(instances[0])
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    columns = ", ".join(_quote(f.column) for f in fields)
+    sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES " + ", ".join([row] * len(instances))
+    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in instances for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def lock(model: type[M], where: str, params: Sequence[Any]) -> M | None:
+    """``SELECT ... FOR UPDATE`` one row of ``model`` (``where`` is SQL on its own columns)."""
+    fields = model._meta.concrete_fields
+    key = ("lock", model, where)
+    sql = _statements.get(key)
+    if sql is None:
+        columns = ", ".join(_quote(f.column) for f in fields)
+        sql = f"SELECT {columns} FROM {_quote(model._meta.db_table)} WHERE {where}"
+        if connection.features.has_select_for_update:
+            sql += " FOR UPDATE"
+        _statements[key] = sql
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(params))
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = []
+    for field, value in zip(fields, row, strict=True):
+        column = field.get_col(model._meta.db_table)
+        for converter in connection.ops.get_db_converters(column) + column.get_db_converters(connection):
+            value = converter(value, column, connection)
+        values.append(value)
+    return model.from_db(connection.alias, [f.attname for f in fields], values)

@@ -1,6 +1,6 @@
 """Dispatcher benchmark: steps/s with one and two dispatchers, against pgbench, and idle latency.
 
-    .venv/bin/python bench/dispatch.py [--runs 1000] [--latency-samples 200]
+    .venv/bin/python -m bench.dispatch [--runs 1000] [--latency-samples 200]
 
 Everything is measured in this one run on this machine, in a database of its own
 (``<DATABASE_URL name>_bench``, created and dropped here): the figure that matters is the
@@ -11,127 +11,34 @@ commit rate. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-BASE_URL = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/pgbus_workflows")
-BENCH_URL = BASE_URL.rsplit("/", 1)[0] + "/" + BASE_URL.rsplit("/", 1)[1].split("?")[0] + "_bench"
-os.environ["DATABASE_URL"] = BENCH_URL
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-
-import django  # noqa: E402 - the environment must be set first
-import environ  # noqa: E402
-
-
-def psql_args(url: str) -> tuple[list[str], str]:
-    """pgbench/psql connection flags and the database name of ``url``."""
-    config = environ.Env.db_url_config(url)
-    flags = ["-h", config.get("HOST") or "127.0.0.1", "-p", str(config.get("PORT") or 5432)]
-    if config.get("USER"):
-        flags += ["-U", config["USER"]]
-    return flags, config["NAME"]
-
-
-def recreate_database() -> None:
-    """Drop and create the bench database, then migrate it."""
-    import psycopg
-
-    _, name = psql_args(BENCH_URL)
-    config = environ.Env.db_url_config(BENCH_URL)
-    with psycopg.connect(
-        dbname="postgres",
-        host=config.get("HOST") or "127.0.0.1",
-        port=config.get("PORT") or 5432,
-        user=config.get("USER") or None,
-        autocommit=True,
-    ) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def pgbench_tps(clients: int, seconds: int) -> float:
-    """``pgbench -N`` (simple update) transactions per second on the bench database."""
-    flags, name = psql_args(BENCH_URL)
-    subprocess.run(["pgbench", "-i", "-q", "-s", "1", *flags, name], check=True, capture_output=True)
-    out = subprocess.run(
-        ["pgbench", "-N", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), *flags, name],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    match = re.search(r"tps = ([\d.]+)", out)
-    if match is None:
-        raise RuntimeError(f"no tps in pgbench output:\n{out}")
-    return float(match.group(1))
-
-
-def start_dispatchers(count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
-    """Dispatcher processes on the bench database, without the sweep."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "django",
-                "run_workflow_dispatcher",
-                "--no-sweep",
-                "-v",
-                "0",
-                "--concurrency",
-                str(concurrency),
-            ],
-            cwd=ROOT,
-            env=env,
-        )
-        for _ in range(count)
-    ]
-
-
-def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM and wait."""
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        process.wait(timeout=60)
-
-
-def wait_registered(count: int) -> None:
-    """Until ``count`` dispatchers have their row (they are ready to claim)."""
-    from pgbus_workflows.models import Dispatcher
-
-    while Dispatcher.objects.count() < count:
-        time.sleep(0.05)
+from bench.common import pgbench_tps, recreate_database, start_dispatchers, stop, wait_registered
 
 
 def throughput(runs: int, dispatchers: int, concurrency: int) -> float:
-    """Steps/s for ``runs`` three-step runs started before the dispatchers."""
+    """Steps/s for ``runs`` three-step runs started before the dispatchers.
+
+    Runs of earlier measurements are deleted first; history written by ``bench.history``
+    (class ``history``) stays.
+    """
     from django.db.models import Max, Min
 
     from pgbus_workflows.models import WorkflowRun, WorkflowStep
     from tests.testapp.workflows import NoOp3
 
-    WorkflowRun.objects.all().delete()
+    WorkflowRun.objects.filter(workflow_class=NoOp3.name).delete()
     for _ in range(runs):
         NoOp3.start()
     processes = start_dispatchers(dispatchers, concurrency)
     try:
-        while WorkflowRun.objects.filter(status="finished").count() < runs:
+        while WorkflowRun.objects.filter(workflow_class=NoOp3.name, status="finished").count() < runs:
             time.sleep(0.2)
     finally:
         stop(processes)
-    span = WorkflowStep.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    measured = WorkflowStep.objects.filter(run__workflow_class=NoOp3.name)
+    span = measured.aggregate(first=Min("started_at"), last=Max("finished_at"))
     seconds = (span["last"] - span["first"]).total_seconds()
     return 3 * runs / seconds
 
@@ -141,7 +48,7 @@ def latency(samples: int) -> tuple[float, float]:
     from pgbus_workflows.models import WorkflowRun, WorkflowStep
     from tests.testapp.workflows import NoOp1
 
-    WorkflowRun.objects.all().delete()
+    WorkflowRun.objects.filter(workflow_class=NoOp1.name).delete()
     processes = start_dispatchers(1, 1)
     wait_registered(1)
     results = []

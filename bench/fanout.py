@@ -1,6 +1,6 @@
 """Fan-out benchmark: opening a 10,000-job fan-out, and draining it with one and two dispatchers.
 
-    .venv/bin/python bench/fanout.py [--jobs 10000] [--concurrency 4] [--pgbench-seconds 10]
+    .venv/bin/python -m bench.fanout [--jobs 10000] [--concurrency 4] [--pgbench-seconds 10]
 
 Like ``bench/dispatch.py``: everything is measured in this one run on this machine, in a
 database of its own (``<DATABASE_URL name>_bench``, created and dropped here), and each rate
@@ -19,99 +19,9 @@ Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-BASE_URL = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/pgbus_workflows")
-BENCH_URL = BASE_URL.rsplit("/", 1)[0] + "/" + BASE_URL.rsplit("/", 1)[1].split("?")[0] + "_bench"
-os.environ["DATABASE_URL"] = BENCH_URL
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-
-import django  # noqa: E402 - the environment must be set first
-import environ  # noqa: E402
-
-
-def psql_args(url: str) -> tuple[list[str], str]:
-    """pgbench/psql connection flags and the database name of ``url``."""
-    config = environ.Env.db_url_config(url)
-    flags = ["-h", config.get("HOST") or "127.0.0.1", "-p", str(config.get("PORT") or 5432)]
-    if config.get("USER"):
-        flags += ["-U", config["USER"]]
-    return flags, config["NAME"]
-
-
-def admin_connection():  # type: ignore[no-untyped-def]
-    """An autocommit connection to the server's ``postgres`` database."""
-    import psycopg
-
-    config = environ.Env.db_url_config(BENCH_URL)
-    return psycopg.connect(
-        dbname="postgres",
-        host=config.get("HOST") or "127.0.0.1",
-        port=config.get("PORT") or 5432,
-        user=config.get("USER") or None,
-        password=config.get("PASSWORD") or None,
-        autocommit=True,
-    )
-
-
-def recreate_database() -> None:
-    """Drop and create the bench database, then migrate it."""
-    _, name = psql_args(BENCH_URL)
-    with admin_connection() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def drop_database() -> None:
-    """Drop the bench database (after closing Django's connection to it)."""
-    from django.db import connections
-
-    connections.close_all()
-    _, name = psql_args(BENCH_URL)
-    with admin_connection() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def pgbench_tps(clients: int, seconds: int) -> float:
-    """``pgbench -N`` (simple update) transactions per second on the bench database."""
-    flags, name = psql_args(BENCH_URL)
-    subprocess.run(["pgbench", "-i", "-q", "-s", "1", *flags, name], check=True, capture_output=True)
-    out = subprocess.run(
-        ["pgbench", "-N", "-c", str(clients), "-j", str(min(clients, 2)), "-T", str(seconds), *flags, name],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    match = re.search(r"tps = ([\d.]+)", out)
-    if match is None:
-        raise RuntimeError(f"no tps in pgbench output:\n{out}")
-    return float(match.group(1))
-
-
-def start_dispatchers(count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
-    """Dispatcher processes on the bench database, without the sweep."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "django", "run_workflow_dispatcher", "--no-sweep", "-v", "0"]
-    return [subprocess.Popen([*command, "--concurrency", str(concurrency)], cwd=ROOT, env=env) for _ in range(count)]
-
-
-def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM and wait."""
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        process.wait(timeout=60)
+from bench.common import drop_database, pgbench_tps, recreate_database, start_dispatchers, stop
 
 
 def open_fan_out(jobs: int) -> tuple[int, float]:

@@ -96,7 +96,7 @@ class WorkflowDispatcher:
                 self._loop(pool)
             finally:
                 abandoned = self._shut_down(pool)
-        if abandoned:
+        if abandoned and threading.current_thread() is threading.main_thread():
             # Worker threads still run bodies whose attempts were stalled: do not wait for them.
             logging.shutdown()
             os._exit(0)

@@ -188,4 +188,4 @@ class WorkflowTestMixin:
                 f"Expected steps {list(step_names)} to be completed, but completed were {completed}"
             )
 
-    failureException: type[AssertionError]
+    failureException: type[BaseException]

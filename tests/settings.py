@@ -19,6 +19,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "pgbus_workflows",
     "tests.testapp",
+    "example_project.signup",
+    "example_project.shop",
+    "example_project.gallery",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -68,7 +68,7 @@ def _due_pairs(limit: int, queues: list[str] | None, now: Any) -> list[tuple[int
         ORDER BY s.priority, s.scheduled_at, s.id
         LIMIT %s {lock}
     """  # noqa: S608 - table names come from the models, values are parameters
-    params: list[Any] = [now]
+    params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
     if queues is not None:
         params.extend([queues] if connection.vendor == "postgresql" else queues)
     params.append(limit)

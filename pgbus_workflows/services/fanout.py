@@ -44,7 +44,7 @@ def claim_due_jobs(limit: int, queues: Iterable[str] | None = None, claimed_by: 
     now = timezone.now()
     queue_list = None if queues is None else list(queues)
     where = "status = 'pending' AND scheduled_at <= %s"
-    params: list[Any] = [now]
+    params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
     if queue_list is not None:
         where += " AND queue IN ({})".format(", ".join(["%s"] * len(queue_list)))
         params.extend(queue_list)

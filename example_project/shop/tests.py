@@ -1,0 +1,122 @@
+"""The order workflow: payment signal, its timeout, the flaky carrier, an operator's fix."""
+
+from unittest import mock
+
+from django.contrib.auth.models import User
+from django.test import TestCase
+from django.urls import reverse
+
+from pgbus_workflows import StepWaiting
+from pgbus_workflows.testing import WorkflowTestMixin
+
+from . import carrier
+from .models import CarrierBooking, Order, Payment
+from .workflows import OrderFulfilment
+
+PAYMENT = {"amount_cents": 4900, "reference": "pi_123"}
+
+
+def place(**fields: object) -> Order:
+    defaults: dict[str, object] = {
+        "number": "A-1",
+        "customer_email": "bob@example.com",
+        "total_cents": 4900,
+        "postcode": "10115",
+    }
+    return Order.objects.create(**{**defaults, **fields})
+
+
+class OrderFulfilmentTests(WorkflowTestMixin, TestCase):
+    def waiting_for_payment(self, order: Order) -> OrderFulfilment:
+        wf: OrderFulfilment = OrderFulfilment.start(order)
+        self.run_step_inline(wf, "reserve_stock")
+        self.run_step_inline(wf, "capture_payment")  # no payment yet: the step parks
+        self.assertWorkflowStatus(wf, "waiting")
+        return wf
+
+    def test_a_paid_order_ships_after_the_carrier_timeouts(self) -> None:
+        order = place()
+        wf = self.waiting_for_payment(order)
+        self.deliver_signal(wf, "payment_received", PAYMENT, idempotency_key="pi_123")
+        with self.assertLogs("pgbus_workflows", "WARNING") as logs:  # each failed attempt is logged
+            self.speedrun_workflow(wf)
+        self.assertEqual(len(logs.records), 2)
+        self.assertWorkflowStatus(wf, "finished")
+        order.refresh_from_db()
+        self.assertEqual(order.status, Order.Status.SHIPPED)
+        self.assertEqual(Payment.objects.get().reference, "pi_123")
+        # The carrier timed out twice; the same idempotency key booked once.
+        ship = wf.steps.filter(step_name="ship")
+        self.assertEqual(list(ship.values_list("outcome", flat=True)), ["reattempted", "reattempted", "success"])
+        booking = CarrierBooking.objects.get()
+        self.assertEqual((booking.calls, booking.tracking_number), (3, order.tracking_number))
+        self.assertEqual(wf.outputs["confirm"]["email"], "bob@example.com")
+
+    def test_the_run_waits_for_the_payment(self) -> None:
+        wf = self.waiting_for_payment(place())
+        with self.assertRaises(StepWaiting):
+            self.speedrun_workflow(wf)
+
+    def test_a_payment_that_comes_early_waits_for_the_step(self) -> None:
+        order = place()
+        wf = OrderFulfilment.start(order)
+        OrderFulfilment.signal_for(order, "payment_received", payload=PAYMENT, idempotency_key="pi_123")
+        with self.assertLogs("pgbus_workflows", "WARNING"):  # the carrier's timeouts
+            self.speedrun_workflow(wf)
+        self.assertWorkflowStatus(wf, "finished")
+
+    def test_a_webhook_delivered_twice_counts_once(self) -> None:
+        wf = self.waiting_for_payment(place())
+        self.deliver_signal(wf, "payment_received", PAYMENT, idempotency_key="pi_123")
+        again = wf.signal("payment_received", PAYMENT, idempotency_key="pi_123")
+        self.assertTrue(again.duplicate_delivery)
+        self.assertEqual(wf.signals.count(), 1)
+
+    def test_an_unpaid_order_expires_when_the_wait_times_out(self) -> None:
+        order = place()
+        wf = self.waiting_for_payment(order)
+        self.expire_wait(wf)  # on_timeout="run": the step runs, timed out
+        self.perform_next_step(wf)
+        self.assertWorkflowStatus(wf, "cancelled")
+        order.refresh_from_db()
+        self.assertEqual(order.status, Order.Status.EXPIRED)
+
+    def test_an_order_without_a_postcode_pauses_until_an_operator_fixes_it(self) -> None:
+        order = place(postcode="")
+        wf = self.waiting_for_payment(order)
+        self.deliver_signal(wf, "payment_received", PAYMENT)
+        with self.assertLogs("pgbus_workflows", "WARNING"):
+            self.speedrun_workflow(wf)
+        self.assertWorkflowStatus(wf, "paused")
+        self.assertIn("has no postcode", wf.record.paused_reason)
+        Order.objects.filter(pk=order.pk).update(postcode="10115")
+        wf.resume(actor="alice", reason="address fixed")
+        with self.assertLogs("pgbus_workflows", "WARNING"):
+            self.speedrun_workflow(wf)
+        self.assertWorkflowStatus(wf, "finished")
+
+    def test_a_carrier_that_stays_down_pauses_the_run_after_five_reattempts(self) -> None:
+        wf = self.waiting_for_payment(place())
+        with mock.patch.object(carrier, "FLAKY_CALLS", 100), self.assertLogs("pgbus_workflows", "WARNING"):
+            self.deliver_signal(wf, "payment_received", PAYMENT)
+            self.speedrun_workflow(wf)
+        self.assertWorkflowStatus(wf, "paused")
+        self.assertEqual(wf.steps.filter(step_name="ship").count(), 6)
+
+    def test_a_wrong_amount_pauses_the_run(self) -> None:
+        wf = self.waiting_for_payment(place())
+        with self.assertLogs("pgbus_workflows", "WARNING"):
+            self.deliver_signal(wf, "payment_received", {**PAYMENT, "amount_cents": 100})
+        self.assertWorkflowStatus(wf, "paused")
+        self.assertFalse(Payment.objects.exists())
+
+
+class OrderAdminTests(TestCase):
+    def test_the_order_pages_render(self) -> None:
+        order = place()
+        Payment.objects.create(order=order, amount_cents=4900, reference="pi_123")
+        self.client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+        self.assertContains(self.client.get(reverse("admin:shop_order_changelist")), "A-1")
+        self.assertContains(self.client.get(reverse("admin:shop_order_change", args=[order.pk])), "pi_123")
+        for name in ("payment", "carrierbooking"):
+            self.assertEqual(self.client.get(reverse(f"admin:shop_{name}_changelist")).status_code, 200)

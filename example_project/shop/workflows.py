@@ -1,0 +1,66 @@
+"""An order: reserve the stock, wait for the payment, ship it, confirm.
+
+Shows ``wait_for=`` with ``wait_timeout=`` and ``on_timeout=`` (an unpaid order expires),
+``self.received_signal`` and ``self.timed_out``, a class ``OnException`` reattempt policy
+for a flaky carrier (with backoff and ``max_reattempts``), ``step_idempotency_key`` for a
+side effect, and the default policy (pause) for an error no retry can fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgbus_workflows import OnException, Workflow, step
+
+from ..durations import duration
+from .carrier import CarrierUnavailable, book_shipment
+from .models import Order, Payment
+
+
+def carrier_backoff(attempt: int) -> Any:
+    """0.5 s, 1 s, 2 s, ... between the calls to the carrier (real life: minutes)."""
+    return duration("carrier_retry") * 2 ** (attempt - 1)
+
+
+class OrderFulfilment(Workflow):
+    """From checkout to the shipping confirmation."""
+
+    name = "shop_order"
+    exception_policies = [
+        # The carrier's timeouts: call again after a backoff; after 5 in a row, pause for an operator.
+        OnException(CarrierUnavailable, action="reattempt", wait=carrier_backoff, max_reattempts=5),
+    ]
+
+    @step
+    def reserve_stock(self) -> None:
+        Order.objects.filter(pk=self.subject.pk).update(status=Order.Status.RESERVED)
+
+    # on_timeout="run": the step itself runs when the payment is late, to release the order
+    # (on_timeout="cancel" would only stop the run).
+    @step(wait_for="payment_received", wait_timeout=duration("payment_timeout"), on_timeout="run")
+    def capture_payment(self) -> dict[str, Any]:
+        order = self.subject
+        if self.timed_out:
+            Order.objects.filter(pk=order.pk).update(status=Order.Status.EXPIRED)
+            self.cancel("no payment before the timeout: stock released")
+        signal = self.received_signal
+        payload: dict[str, Any] = signal.payload if signal is not None and isinstance(signal.payload, dict) else {}
+        if payload["amount_cents"] != order.total_cents:
+            raise ValueError(f"{order} costs {order.total_cents} cents, the payment was {payload['amount_cents']}")
+        Payment.objects.get_or_create(
+            reference=payload["reference"], defaults={"order": order, "amount_cents": payload["amount_cents"]}
+        )
+        Order.objects.filter(pk=order.pk).update(status=Order.Status.PAID)
+        return {"reference": payload["reference"]}
+
+    @step
+    def ship(self) -> dict[str, str]:
+        # Same key on every reattempt: the carrier books once, however often we call.
+        tracking = book_shipment(self.subject, idempotency_key=self.step_idempotency_key)
+        Order.objects.filter(pk=self.subject.pk).update(status=Order.Status.SHIPPED, tracking_number=tracking)
+        return {"tracking_number": tracking}
+
+    @step
+    def confirm(self) -> dict[str, str]:
+        tracking = self.outputs["ship"]["tracking_number"]
+        return {"email": self.subject.customer_email, "message": f"Your order is on its way: {tracking}"}

@@ -1,0 +1,92 @@
+"""The example project on SQLite, end to end, in subprocesses (the main suite runs on PostgreSQL).
+
+A fresh SQLite file is migrated; ``manage.py demo --quick`` then runs steps (the signup drip),
+signals and a wait timeout (the orders) and a fan-out (the albums) with a real dispatcher,
+and ``manage.py test example_project`` runs the example apps' own tests on SQLite.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def sqlite_env(path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGBUS_WORKFLOWS")}
+    return {**env, "DATABASE_URL": f"sqlite:///{path}", "DJANGO_SETTINGS_MODULE": "example_project.settings"}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A migrated SQLite database for the example project."""
+    environment = sqlite_env(tmp_path_factory.mktemp("sqlite") / "smoke.sqlite3")
+    result = manage(environment, "migrate", "--noinput")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return environment
+
+
+def test_the_quick_demo_ends_every_run_as_designed_on_sqlite(env):
+    result = manage(env, "demo", "--quick", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.splitlines()[0].startswith("pgbus-workflows demo on SQLite (")
+    assert re.search(r"^  signup_drip +3 finished, 1 cancelled$", out, re.M), out  # steps, skip_if, cancel_if
+    assert re.search(r"^  shop_order +2 finished, 1 cancelled, 1 paused$", out, re.M), out  # signals, timeout
+    assert re.search(r"^  gallery_album +2 finished$", out, re.M), out  # fan-out
+    assert re.search(r"^All 10 runs ended as designed: 7 finished, 2 cancelled, 1 paused\.$", out, re.M), out
+    assert "images: 9 of 10 got a thumbnail" in out
+    assert "\x1b[" not in out  # not a terminal: plain lines, no redrawing, no colour
+    assert "http://127.0.0.1:8000/admin/" in out
+
+
+def test_the_demo_runs_again_on_the_same_database(env):
+    result = manage(env, "demo", "--quick", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Removed the sample data and the 10 runs of an earlier demo." in result.stdout
+
+
+def test_the_example_apps_tests_pass_on_sqlite(env):
+    result = manage(env, "test", "example_project", "--noinput", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^OK$", result.stderr, re.M), result.stderr
+
+
+def test_check_warns_when_two_dispatchers_share_the_sqlite_file(env):
+    add = (
+        "from pgbus_workflows.models import Dispatcher as D; "
+        "[D.objects.create(name=n, hostname='h', pid=1) for n in 'ab']"
+    )
+    assert manage(env, "shell", "-c", add).returncode == 0
+    try:
+        result = manage(env, "check", "--fail-level", "WARNING")
+        assert result.returncode == 1
+        assert "pgbus_workflows.W002" in result.stderr
+    finally:
+        remove = "from pgbus_workflows.models import Dispatcher; Dispatcher.objects.filter(name__in='ab').delete()"
+        assert manage(env, "shell", "-c", remove).returncode == 0
+    result = manage(env, "check", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_on_a_fresh_clone_neither_fails_nor_creates_the_database(tmp_path):
+    database = tmp_path / "not-yet.sqlite3"
+    result = manage(sqlite_env(database), "check", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stderr
+    assert not database.exists()
+
+
+def test_the_demo_asks_for_migrate_first(tmp_path):
+    result = manage(sqlite_env(tmp_path / "empty.sqlite3"), "demo", "--quick")
+    assert result.returncode == 1
+    assert "run `python manage.py migrate`" in result.stderr

@@ -152,18 +152,9 @@ class Chain:
 
 
 def _chain_next(ledger: RunLedger, chain: Chain | None) -> None:
-    step = ledger.scheduled
-    if chain is None or step is None or ledger.run.status != RunStatus.READY:
-        return
-    if chain.stop is not None and chain.stop.is_set():
-        return
-    if step.status != StepStatus.SCHEDULED or step.scheduled_at > ledger.now:
-        return
-    if chain.queues is not None and step.queue not in chain.queues:
-        return
-    claim_in_ledger(ledger, step, chain.claimed_by)
-    ledger.unwake(step.queue)
-    chain.next_step = step
+    """Hand the step the outcome inserted already claimed (if any) to the same worker."""
+    if chain is not None:
+        chain.next_step = ledger.claim_chained()
 
 
 def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed_by: str = "") -> int:
@@ -211,6 +202,7 @@ def execute_step(step: WorkflowStep, *, chain: Chain | None = None, verify: bool
             locked = ledger.lock_step(step.pk)
             if locked is None:
                 return None
+            ledger.claim_for = chain
             apply_outcome(ledger, locked, final)
             _chain_next(ledger, chain)
         return final
@@ -260,6 +252,7 @@ def _execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None)
                 outcome = _check_deferred_constraints(outcome)
         except _RollBack as rollback:
             outcome = rollback.outcome
+        ledger.claim_for = chain
         apply_outcome(ledger, locked, outcome)
         _chain_next(ledger, chain)
     _log(step.run, step, outcome)

@@ -22,10 +22,11 @@ from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..registry import registry
-from ..states import ACTIVE_STEP, TERMINAL_RUN, check_run_transition, check_step_transition
+from ..states import ACTIVE_STEP, TERMINAL_RUN, RunStatus, StepStatus, check_run_transition, check_step_transition
 
 if TYPE_CHECKING:
     from ..workflow import Workflow
+    from .executor import Chain
 
 SYSTEM_ACTOR = "system"
 _NEXT_ATTEMPT = (
@@ -64,6 +65,9 @@ class RunLedger:
         self._after_commit: list[tuple[Any, dict[str, Any]]] = []
         #: The attempt this unit of work scheduled, if any.
         self.scheduled: WorkflowStep | None = None
+        #: Set by the executor: who may take a step scheduled due now (a ``Chain``); the step
+        #: is then inserted already claimed, and ``claim_chained`` records the claim.
+        self.claim_for: Chain | None = None
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
@@ -205,10 +209,44 @@ class RunLedger:
             signal_id=retry_of.signal_id if carry and retry_of is not None else None,
             timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
         )
+        chained = self._may_chain(queue, wait)
+        if chained and self.claim_for is not None:
+            step.status = StepStatus.IN_PROGRESS
+            step.started_at = self.now
+            step.claimed_by = self.claim_for.claimed_by
+            step.stall_at = self.now + (definition.timeout or settings.STALL_THRESHOLD)
         rows.insert(step, computed)
         self.set_run(current_step=definition.name)
-        self._queues.add(queue)
+        if not chained:
+            self._queues.add(queue)
         self.scheduled = step
+        return step
+
+    def _may_chain(self, queue: str, wait: timedelta) -> bool:
+        chain = self.claim_for
+        if chain is None or wait > timedelta(0) or self.run.status != RunStatus.PERFORMING:
+            return False
+        if chain.stop is not None and chain.stop.is_set():
+            return False
+        return chain.queues is None or queue in chain.queues
+
+    def claim_chained(self) -> WorkflowStep | None:
+        """Record the claim of the step ``schedule`` inserted already claimed; returns it.
+
+        The outcome moved the run to ready (``advance``): ``claim`` moves it on to performing,
+        in the same transaction, so the audit trail keeps every transition.
+        """
+        step = self.scheduled
+        if step is None or step.status != StepStatus.IN_PROGRESS or self.claim_for is None:
+            return None
+        if self.run.status != RunStatus.READY:  # cannot happen: schedule() checked; never leave it claimed
+            step.status, step.started_at, step.claimed_by, step.stall_at = StepStatus.SCHEDULED, None, "", None
+            rows.update(step, ["status", "started_at", "claimed_by", "stall_at"])
+            self._queues.add(step.queue)
+            return None
+        details: dict[str, Any] = {"attempt": step.attempt, "claimed_by": step.claimed_by}
+        self.transition("claim", RunStatus.PERFORMING, kind="step_started", step=step, details=details)
+        step.run = self.run
         return step
 
     def wake(self, queue: str) -> None:

@@ -15,6 +15,7 @@ from django.db import connection
 from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
+N = TypeVar("N", bound=Model)
 _statements: dict[tuple[Any, ...], str] = {}
 
 
@@ -30,8 +31,31 @@ def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
     return [model._meta.get_field(name) for name in names]  # type: ignore[misc]
 
 
+Statement = tuple[str, list[Any]]
+
+
+def run_batch(statements: Sequence[Statement]) -> None:
+    """Run statements that return nothing, in one round trip where the database allows it.
+
+    On PostgreSQL, Django's client-side binding cursor sends them as one simple query.
+    """
+    if not statements:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql" and len(statements) > 1:
+            cursor.execute("; ".join(sql for sql, _ in statements), [p for _, params in statements for p in params])
+        else:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+
+
 def update(instance: Model, names: Sequence[str]) -> None:
     """``UPDATE`` the columns of ``names`` of one row (like ``save(update_fields=names)``)."""
+    run_batch([update_statement(instance, names)])
+
+
+def update_statement(instance: Model, names: Sequence[str]) -> Statement:
+    """The ``UPDATE`` that :func:`update` runs, to batch with others."""
     model = type(instance)
     fields = _fields(model, names)
     key = ("update", model, tuple(names))
@@ -41,8 +65,7 @@ def update(instance: Model, names: Sequence[str]) -> None:
         sql = f"UPDATE {_quote(model._meta.db_table)} SET {assignments} WHERE {_pk_column(model)} = %s"
         _statements[key] = sql
     params = [f.get_db_prep_save(getattr(instance, f.attname), connection) for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, instance.pk])
+    return sql, [*params, instance.pk]
 
 
 def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = None) -> Any:
@@ -83,8 +106,12 @@ def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = 
 
 def insert_many(instances: Sequence[Model]) -> None:
     """``INSERT`` several rows of one model in one statement (primary keys are not read back)."""
-    if not instances:
-        return
+    if instances:
+        run_batch([insert_many_statement(instances)])
+
+
+def insert_many_statement(instances: Sequence[Model]) -> Statement:
+    """The ``INSERT`` that :func:`insert_many` runs, to batch with others."""
     model = type(instances[0])
     meta = model._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]
@@ -92,26 +119,58 @@ def insert_many(instances: Sequence[Model]) -> None:
     columns = ", ".join(_quote(f.column) for f in fields)
     sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES " + ", ".join([row] * len(instances))
     params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in instances for f in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    return sql, params
 
 
 def lock(model: type[M], where: str, params: Sequence[Any]) -> M | None:
     """``SELECT ... FOR UPDATE`` one row of ``model`` (``where`` is SQL on its own columns)."""
-    fields = model._meta.concrete_fields
     key = ("lock", model, where)
     sql = _statements.get(key)
     if sql is None:
-        columns = ", ".join(_quote(f.column) for f in fields)
-        sql = f"SELECT {columns} FROM {_quote(model._meta.db_table)} WHERE {where}"
+        sql = f"SELECT {_columns(model)} FROM {_quote(model._meta.db_table)} WHERE {where}"
         if connection.features.has_select_for_update:
             sql += " FOR UPDATE"
         _statements[key] = sql
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))
         row = cursor.fetchone()
+    return None if row is None else _instance(model, row)
+
+
+def lock_pair(parent: type[M], child: type[N], link: str, parent_pk: Any, child_pk: Any) -> tuple[M, N] | None:
+    """Lock a parent row, then one of its children, in one round trip (PostgreSQL).
+
+    The CTE locks the parent first, so the lock order is the same as two statements; the
+    child's ``FOR UPDATE`` then re-reads it at its latest committed version. None when either
+    row is missing (the caller then locks them one by one to tell which).
+    """
+    key = ("pair", parent, child, link)
+    sql = _statements.get(key)
+    if sql is None:
+        parent_table, child_table = _quote(parent._meta.db_table), _quote(child._meta.db_table)
+        child_columns = ", ".join(f"c.{_quote(f.column)}" for f in child._meta.concrete_fields)
+        sql = (
+            f"WITH p AS (SELECT {_columns(parent)} FROM {parent_table} WHERE {_pk_column(parent)} = %s FOR UPDATE) "
+            f"SELECT p.*, {child_columns} FROM p JOIN {child_table} c "
+            f"ON c.{_pk_column(child)} = %s AND c.{_quote(link)} = p.{_pk_column(parent)} FOR UPDATE OF c"
+        )
+        _statements[key] = sql
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [parent_pk, child_pk])
+        row = cursor.fetchone()
     if row is None:
         return None
+    split = len(parent._meta.concrete_fields)
+    return _instance(parent, row[:split]), _instance(child, row[split:])
+
+
+def _columns(model: type[Model]) -> str:
+    return ", ".join(_quote(f.column) for f in model._meta.concrete_fields)
+
+
+def _instance(model: type[M], row: Sequence[Any]) -> M:
+    """A model instance from raw column values, converted as the ORM would."""
+    fields = model._meta.concrete_fields
     values = []
     for field, value in zip(fields, row, strict=True):
         column = field.get_col(model._meta.db_table)

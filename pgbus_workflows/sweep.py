@@ -37,7 +37,7 @@ from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
 from .services.fanout import recover_jobs, resolve_lost_fan_outs
-from .services.ledger import locked_run
+from .services.ledger import locked_step
 from .services.outcome import stall_step
 from .services.waiting import expire_due_waits
 from .states import TERMINAL_RUN, RunStatus, StepStatus
@@ -53,8 +53,7 @@ STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error")
 
 def stall(step_pk: int, run_pk: int, *, detection: str, now: datetime) -> bool:
     """Stall one in-progress attempt, re-checked under the run lock; False when it moved on."""
-    with locked_run(run_pk, now=now) as ledger:
-        step = ledger.lock_step(step_pk)
+    with locked_step(run_pk, step_pk, now=now) as (ledger, step):
         if step is None or step.status != StepStatus.IN_PROGRESS:
             return False
         if detection == "stall_at" and (step.stall_at is None or step.stall_at >= now):

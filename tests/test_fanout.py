@@ -487,15 +487,15 @@ def test_job_args_and_kwargs_are_stored_as_json_and_passed_back():
 
 
 def test_the_jobs_are_written_in_the_transaction_that_parks_the_step(monkeypatch):
-    """When the unit of work fails at its very end (the NOTIFY), no job row, no park, no event remain."""
+    """When the unit of work fails at its very end (the run, events and NOTIFY), no job, no park, no event remain."""
     wf = FanSum.start(count=3)
     scheduled = WorkflowStep.objects.get(run=wf.record)
     claimed = claim_step(scheduled.pk, "test")
 
-    def broken_notify(queue):
+    def broken_flush(statements):
         raise RuntimeError("the database went away at commit")
 
-    monkeypatch.setattr("pgbus_workflows.services.ledger.notify", broken_notify)
+    monkeypatch.setattr("pgbus_workflows.rows.run_batch", broken_flush)
     with pytest.raises(RuntimeError, match="went away"):
         execute_step(claimed)
 

@@ -25,7 +25,7 @@ from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from ..workflow import FlowControl, StepContext, Workflow
 from . import waiting
-from .ledger import RunLedger, locked_run, workflow_class
+from .ledger import RunLedger, locked_step, workflow_class
 from .outcome import StepOutcome, apply_outcome
 from .payload import encode_payload
 
@@ -198,8 +198,7 @@ def execute_step(step: WorkflowStep, *, chain: Chain | None = None, verify: bool
     final = outcome
 
     def apply() -> StepOutcome | None:
-        with locked_run(run.pk) as ledger:
-            locked = ledger.lock_step(step.pk)
+        with locked_step(run.pk, step.pk) as (ledger, locked):
             if locked is None:
                 return None
             ledger.claim_for = chain
@@ -239,8 +238,7 @@ class _RollBack(Exception):
 
 def _execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None) -> StepOutcome | None:
     """Run the body inside the outcome's transaction: its writes commit with it, or not at all."""
-    with locked_run(step.run_id) as ledger:
-        locked = ledger.lock_step(step.pk)
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
             return None
         workflow.record = ledger.run
@@ -321,8 +319,7 @@ def _skip_if(workflow: Workflow, condition: Any) -> bool:
 
 def _gate(step: WorkflowStep, names: tuple[str, ...], timeout: Any) -> StepContext | None:
     """A ``wait_for`` step runs with the signal that woke it, a pending one, or timed out; else it parks."""
-    with locked_run(step.run_id) as ledger:
-        locked = ledger.lock_step(step.pk)
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
             return None
         if locked.signal_id is not None:

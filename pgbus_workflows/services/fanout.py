@@ -26,7 +26,7 @@ from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, Workflow
 from ..states import RunStatus, StepStatus
 from . import waiting
 from .executor import Chain, with_reconnect
-from .ledger import RunLedger, locked_run, workflow_class
+from .ledger import RunLedger, locked_step, workflow_class
 from .outcome import StepOutcome
 from .payload import encode_payload
 
@@ -146,8 +146,7 @@ def resolve_if_done(step_pk: int, run_pk: int) -> bool:
     """Resolve the fan-out when no job is left; True for the one caller whose resolution won."""
     if unfinished(step_pk):
         return False
-    with locked_run(run_pk) as ledger:
-        step = ledger.lock_step(step_pk)
+    with locked_step(run_pk, step_pk) as (ledger, step):
         if step is None:
             return False
         return resolve_in_ledger(ledger, step)

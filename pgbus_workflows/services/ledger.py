@@ -41,17 +41,6 @@ def workflow_class(run: WorkflowRun) -> type[Workflow]:
     return registry.get(run.workflow_class) or Workflow
 
 
-def notify(queue: str) -> None:
-    """Wake the dispatchers that serve ``queue`` when the current transaction commits.
-
-    ``pg_notify`` is transactional, so this costs no round trip after the commit; on
-    databases without LISTEN/NOTIFY the dispatcher's poll finds the step instead.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [settings.NOTIFY_CHANNEL, queue])
-
-
 class RunLedger:
     """The locked run and what a unit of work writes: saved and flushed once at the end."""
 
@@ -259,15 +248,20 @@ class RunLedger:
 
     def flush(self) -> None:
         """Save the run, insert the events, queue the NOTIFY and the after-commit signals."""
+        statements = []
         if self._run_fields:
-            rows.update(self.run, sorted(self._run_fields))
+            statements.append(rows.update_statement(self.run, sorted(self._run_fields)))
             self._run_fields.clear()
         if self._events:
-            rows.insert_many(self._events)
+            for event in self._events:
+                if event.step_id is None and event.step is not None:
+                    event.step_id = event.step.pk  # the step may have been inserted after the event was made
+            statements.append(rows.insert_many_statement(self._events))
             self._events = []
-        for queue in sorted(self._queues):
-            notify(queue)
+        if connection.vendor == "postgresql":
+            statements += [("SELECT pg_notify(%s, %s)", [settings.NOTIFY_CHANNEL, q]) for q in sorted(self._queues)]
         self._queues.clear()
+        rows.run_batch(statements)  # one round trip
         if self._after_commit:
             sender, pending = self.run.workflow_class, self._after_commit
             transaction.on_commit(lambda: _send_all(sender, pending))
@@ -277,6 +271,30 @@ class RunLedger:
 def _send_all(sender: str, pending: list[tuple[Any, dict[str, Any]]]) -> None:
     for signal, kwargs in pending:
         signal.send(sender=sender, **kwargs)
+
+
+@contextmanager
+def locked_step(
+    run_pk: int, step_pk: int, *, now: datetime | None = None
+) -> Iterator[tuple[RunLedger, WorkflowStep | None]]:
+    """Lock run ``run_pk``, then its step ``step_pk`` (None when it is gone), for a unit of work.
+
+    On PostgreSQL both locks take one round trip; the order is run, then step, as always.
+    """
+    with transaction.atomic():
+        pair = None
+        if connection.vendor == "postgresql":
+            pair = rows.lock_pair(WorkflowRun, WorkflowStep, "run_id", run_pk, step_pk)
+        if pair is not None:
+            ledger = RunLedger(pair[0], now)
+            yield ledger, pair[1]
+        else:
+            run = rows.lock(WorkflowRun, "id = %s", [run_pk])
+            if run is None:
+                raise WorkflowRun.DoesNotExist(f"No workflow run with pk {run_pk}")
+            ledger = RunLedger(run, now)
+            yield ledger, ledger.lock_step(step_pk)
+        ledger.flush()
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from .. import signals
 from ..exceptions import WaitTimedOut
 from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..states import RunStatus, StepStatus
-from .ledger import RunLedger, locked_run
+from .ledger import RunLedger, locked_step
 from .outcome import StepOutcome, apply_outcome
 
 BATCH_SIZE = 500
@@ -138,8 +138,7 @@ def expire_due_waits(now: Any = None) -> int:
 
 
 def _expire(step_pk: int, run_pk: int, now: Any) -> bool:
-    with locked_run(run_pk, now=now) as ledger:
-        step = ledger.lock_step(step_pk)
+    with locked_step(run_pk, step_pk, now=now) as (ledger, step):
         if ledger.run.status != RunStatus.WAITING or step is None or step.status != StepStatus.WAITING:
             return False
         if step.timeout_at is None or step.timeout_at >= now:

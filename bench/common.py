@@ -53,9 +53,10 @@ def admin_connection() -> Any:
 
 def recreate_database() -> None:
     """Drop and create the bench database, set Django up on it and migrate it."""
+    from django.apps import apps
     from django.db import connections
 
-    if django.apps.apps.ready:
+    if apps.ready:
         connections.close_all()
     _, name = psql_args()
     with admin_connection() as conn:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.procs import DispatcherProcess
 from tests.testapp.models import Order
 
 
@@ -9,3 +10,18 @@ from tests.testapp.models import Order
 def order(db):
     """A saved Order to be the subject of a run."""
     return Order.objects.create()
+
+
+@pytest.fixture
+def dispatchers():
+    """Start dispatcher processes; every one is killed before the database is flushed."""
+    started = []
+
+    def start(*args, settings=None):
+        process = DispatcherProcess(*args, settings=settings)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

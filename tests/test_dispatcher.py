@@ -9,7 +9,7 @@ from django.db import connection
 
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.states import RUN_TRANSITIONS
-from tests.procs import DispatcherProcess, eventually
+from tests.procs import eventually
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import Counted, HangsOnce, Slow
 
@@ -22,21 +22,6 @@ FAST = {
     "DISPATCHER_DEAD_AFTER": 2,
     "POLL_INTERVAL": 0.2,
 }
-
-
-@pytest.fixture
-def dispatchers():
-    """Start dispatcher processes; every one is killed before the database is flushed."""
-    started = []
-
-    def start(*args, settings=None):
-        process = DispatcherProcess(*args, settings=settings)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
 
 
 def all_finished(count):

@@ -37,10 +37,10 @@ from pgbus_workflows.testing import WorkflowTestMixin
 from tests.testapp import jobs as job_module
 from tests.testapp.jobs import drop_connection_once, fail_on, flaky, meet, noop, oversized, record_job, square
 from tests.testapp.models import SideEffect
+from tests.threads import JOIN_TIMEOUT, Worker
 
 pytestmark = pytest.mark.django_db
 
-JOIN_TIMEOUT = 30
 
 
 def local_function(n):
@@ -1228,32 +1228,6 @@ class CompleteFanOutTests(WorkflowTestMixin, TestCase):
 
 
 # -- races (real threads, real transactions) ---------------------------------------------------------
-
-
-class Worker(threading.Thread):
-    """Runs ``target`` in a thread with its own connection; keeps its result or exception."""
-
-    def __init__(self, target, *args):
-        super().__init__(daemon=True)
-        self._target_fn = target
-        self._args = args
-        self.result = None
-        self.error = None
-
-    def run(self):
-        try:
-            self.result = self._target_fn(*self._args)
-        except BaseException as error:  # reported to the test by finish()
-            self.error = error
-        finally:
-            connection.close()
-
-    def finish(self):
-        self.join(JOIN_TIMEOUT)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def at_barrier(barrier, work, *args):

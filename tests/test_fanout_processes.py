@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowRun, WorkflowStep
-from tests.procs import DispatcherProcess, eventually
+from tests.procs import eventually
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import FanDrain, FanSleepy
 
@@ -19,21 +19,6 @@ FAST = {
     "DISPATCHER_DEAD_AFTER": 2,
     "POLL_INTERVAL": 0.2,
 }
-
-
-@pytest.fixture
-def dispatchers():
-    """Start dispatcher processes; every one is killed before the database is flushed."""
-    started = []
-
-    def start(*args, settings=None):
-        process = DispatcherProcess(*args, settings=settings)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
 
 
 def finished(wf):

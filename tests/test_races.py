@@ -11,17 +11,16 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 
 from pgbus_workflows import InvalidTransition, Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.executor import claim_due_steps, execute_step, run_due_steps
 from pgbus_workflows.states import ONGOING_RUN
 from tests.testapp.models import Receipt, SideEffect
+from tests.threads import JOIN_TIMEOUT, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-JOIN_TIMEOUT = 30
 #: A verb that takes no lock held by a step body returns well within this.
 PROMPT = 5.0
 
@@ -36,32 +35,6 @@ def _reset_gates():
     RELEASE.clear()
     yield
     RELEASE.set()  # never leave a body blocked
-
-
-class Worker(threading.Thread):
-    """Runs ``target`` in a thread with its own connection; keeps its result or exception."""
-
-    def __init__(self, target, *args):
-        super().__init__(daemon=True)
-        self._target_fn = target
-        self._args = args
-        self.result = None
-        self.error = None
-
-    def run(self):
-        try:
-            self.result = self._target_fn(*self._args)
-        except BaseException as error:  # reported to the test by finish()
-            self.error = error
-        finally:
-            connection.close()
-
-    def finish(self):
-        self.join(JOIN_TIMEOUT)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def claim_and_execute(queue):

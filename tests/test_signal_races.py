@@ -9,7 +9,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from pgbus_workflows import Workflow, step
@@ -18,10 +18,10 @@ from pgbus_workflows.services.executor import claim_due_steps, execute_step, run
 from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.waiting import expire_due_waits
 from tests.testapp.models import Order, SideEffect
+from tests.threads import JOIN_TIMEOUT, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-JOIN_TIMEOUT = 30
 RQ = "sig_race_q"
 
 ENTERED = threading.Event()
@@ -34,32 +34,6 @@ def _reset_gates():
     RELEASE.clear()
     yield
     RELEASE.set()  # never leave a body blocked
-
-
-class Worker(threading.Thread):
-    """Runs ``target`` in a thread with its own connection; keeps its result or exception."""
-
-    def __init__(self, target, *args):
-        super().__init__(daemon=True)
-        self._target_fn = target
-        self._args = args
-        self.result = None
-        self.error = None
-
-    def run(self):
-        try:
-            self.result = self._target_fn(*self._args)
-        except BaseException as error:  # reported to the test by finish()
-            self.error = error
-        finally:
-            connection.close()
-
-    def finish(self):
-        self.join(JOIN_TIMEOUT)
-        assert not self.is_alive(), "thread did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def record(label: str, key: str = "") -> None:

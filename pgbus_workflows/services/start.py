@@ -15,6 +15,9 @@ from ..states import RunStatus
 from .ledger import RunLedger
 from .payload import encode_payload, subject_reference
 
+#: Longest idempotency key or signal name a row holds.
+MAX_KEY_LENGTH = 255
+
 if TYPE_CHECKING:
     from ..workflow import Workflow
 
@@ -37,6 +40,10 @@ def start_run(
         raise ConfigurationError(f"{cls.__qualname__} is abstract: start one of its subclasses")
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
         raise ValueError(f"idempotency_key must be a non-empty string or None, got {idempotency_key!r}")
+    if idempotency_key is not None and len(idempotency_key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"idempotency_key must be at most {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}: hash it"
+        )
     subject_type, subject_id = subject_reference(subject)
     payload = encode_payload(arguments or {}, f"{cls.name} arguments")
     if not isinstance(payload, dict):

@@ -42,7 +42,6 @@ from tests.threads import JOIN_TIMEOUT, Worker
 pytestmark = pytest.mark.django_db
 
 
-
 def local_function(n):
     """A module-level function of the tests package, which is not an installed app."""
     return n

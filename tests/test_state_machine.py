@@ -245,6 +245,11 @@ def check_invariants() -> None:
                 assert row.started_at is not None and row.stall_at is not None
 
         check_audit_trail(run, events)
+        # A late outcome is discarded only when its attempt was cancelled or stalled meanwhile.
+        for event in events:
+            if event.kind == "outcome_discarded":
+                row = next(r for r in rows if r.pk == event.step_id)
+                assert row.status == "cancelled" or row.outcome == "stalled", f"{run}: discarded the outcome of {row}"
         finishes = [e for e in events if e.transition == "finish"]
         cancels = [e for e in events if e.transition == "cancel"]
         assert len(finishes) == (run.status == "finished"), f"{run}: finish events {finishes}"

@@ -79,9 +79,24 @@ def test_check_warns_when_two_dispatchers_share_the_sqlite_file(env):
     assert result.returncode == 0, result.stderr
 
 
-def test_check_on_a_fresh_clone_neither_fails_nor_creates_the_database(tmp_path):
+def test_check_on_a_fresh_clone_does_not_fail(tmp_path):
+    result = manage(sqlite_env(tmp_path / "not-yet.sqlite3"), "check", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stderr
+
+
+def test_our_checks_do_not_create_a_missing_sqlite_database(tmp_path):
+    # Django 6's own model checks open the database during `check`; ours must not.
     database = tmp_path / "not-yet.sqlite3"
-    result = manage(sqlite_env(database), "check", "--fail-level", "WARNING")
+    probe = (
+        "import django; django.setup()\n"
+        "from pgbus_workflows import checks\n"
+        "for check in (checks.check_settings, checks.check_database, checks.check_sqlite_transaction_mode,"
+        " checks.check_sqlite_dispatchers):\n"
+        "    assert not [m for m in check(databases=['default']) if m.level >= 40], check\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=sqlite_env(database), capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert not database.exists()
 

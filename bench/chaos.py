@@ -122,27 +122,37 @@ def deliver_signals(stop: threading.Event, errors: list[str]) -> None:
     from django.db import connection
 
     from pgbus_workflows.exceptions import NotOngoing
-    from pgbus_workflows.models import WorkflowRun, WorkflowSignal
 
     try:
         while not stop.is_set():
-            signalled = WorkflowSignal.objects.values("run_id")
-            runs = list(
-                WorkflowRun.objects.filter(workflow_class="chaos", status__in=["waiting", "ready", "performing"])
-                .exclude(pk__in=signalled)
-                .values_list("pk", flat=True)[:200]
-            )
-            for run_pk in runs:
-                try:
-                    _deliver(run_pk)
-                except NotOngoing:
-                    pass
-                except Exception as error:  # a restarting database: try again next round
-                    errors.append(f"signal delivery: {error!r}")
-                    connection.close()
+            try:
+                _signal_round()
+            except NotOngoing:
+                pass
+            except Exception as error:  # a restarting database: try again next round
+                errors.append(f"signal delivery: {error!r}")
+                connection.close()
             stop.wait(0.2)
     finally:
         connection.close()
+
+
+def _signal_round() -> None:
+    """Signal up to 200 runs that have no signal yet."""
+    from pgbus_workflows.exceptions import NotOngoing
+    from pgbus_workflows.models import WorkflowRun, WorkflowSignal
+
+    signalled = WorkflowSignal.objects.values("run_id")
+    runs = list(
+        WorkflowRun.objects.filter(workflow_class="chaos", status__in=["waiting", "ready", "performing"])
+        .exclude(pk__in=signalled)
+        .values_list("pk", flat=True)[:200]
+    )
+    for run_pk in runs:
+        try:
+            _deliver(run_pk)
+        except NotOngoing:
+            pass
 
 
 def _deliver(run_pk: int) -> None:

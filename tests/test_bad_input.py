@@ -305,6 +305,21 @@ def test_start_with_an_idempotency_key_over_255_characters_raises_a_clear_error_
         BadTwo.start(order, idempotency_key="k" * 256)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda wf, order: wf.signal("go", actor="a" * 256), id="signal"),
+        pytest.param(lambda wf, order: BadWaits.signal_for(order, "go", actor="a" * 256), id="signal_for"),
+        pytest.param(lambda wf, order: wf.pause(actor="a" * 256), id="pause"),
+        pytest.param(lambda wf, order: wf.cancel(actor="a" * 256), id="cancel"),
+    ],
+)
+def test_an_actor_over_255_characters_raises_a_clear_error_and_writes_nothing(order, call):
+    wf = BadWaits.start(order)
+    with changes_nothing(), pytest.raises(ValueError, match="at most 255 characters"):
+        call(wf, order)
+
+
 @pytest.mark.parametrize("make", [finished_run, cancelled_run], ids=["finished", "cancelled"])
 def test_a_signal_to_a_finished_or_cancelled_run_raises_not_ongoing_and_writes_nothing(order, make):
     wf = make(order)

@@ -11,13 +11,28 @@ with random names and repeated keys, and fires timeouts (``expire_due_waits`` an
 sweep, with a ``now`` in the future).
 
 Each verb's refusal is predicted from the rows (the README's table) and must change
-nothing. After every rule the invariants below are checked from the rows alone.
+nothing; an allowed verb must do what the README says. After every rule, from the rows
+alone (``check_invariants``):
+
+- at most one active step per run, and at most one ongoing run per (class, subject);
+- a run's status agrees with its active step (ready: scheduled, waiting: waiting,
+  performing: in progress, finished/cancelled: none), ``finished_at`` and ``paused_reason``
+  agree with the status, ``current_step`` names the latest attempt;
+- the audit trail is a path through ``RUN_TRANSITIONS`` from ``started`` to the status,
+  with one finish (cancel) transition exactly when the run is finished (cancelled);
+- attempts follow definition order (or an operator's ``resume_at``), are numbered 1..n per
+  step, never exceed ``max_reattempts`` error reattempts in a row, and each body ran at
+  most once per attempt, only after its claim; a discarded outcome belongs to a cancelled
+  or stalled attempt;
+- signals: one ``signal_received`` event per row, consumed once by one step of their run
+  that waits for that name, oldest first, and no step consumed two.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -83,6 +98,8 @@ def act(wf: Workflow, step_name: str) -> Any:
         signal = wf.received_signal
         if signal is None and not wf.timed_out:
             SideEffect.objects.create(label="sm-violation", key=f"{step_name} ran with neither signal nor timeout")
+        if signal is not None and wf.timed_out:
+            SideEffect.objects.create(label="sm-violation", key=f"{step_name} ran with a signal and timed out")
         if signal is not None and signal.name not in definition.wait_for:
             SideEffect.objects.create(label="sm-violation", key=f"{step_name} ran with signal {signal.name}")
     plan = _plan(wf)
@@ -255,6 +272,20 @@ def check_invariants() -> None:
         assert len(finishes) == (run.status == "finished"), f"{run}: finish events {finishes}"
         assert len([e for e in events if e.kind == "finished"]) == (run.status == "finished")
         assert len(cancels) == (run.status == "cancelled"), f"{run}: cancel events {cancels}"
+
+        # Definition order: each attempt retries the step before it, or moves to the next live step,
+        # unless an operator resumed the run at another step.
+        cls = CLASSES[run.workflow_class]
+        jumps = {e.step_id for e in events if e.kind == "resumed_at"}
+        for previous, row in pairwise(rows):
+            following = cls.next_step_after(previous.step_name)
+            allowed = {previous.step_name, following.name if following else None}
+            assert row.step_name in allowed or row.pk in jumps, f"{run}: {previous} then {row}"
+        attempts: dict[str, list[int]] = defaultdict(list)
+        for row in rows:
+            attempts[row.step_name].append(row.attempt)
+        for name, numbers in attempts.items():
+            assert numbers == list(range(1, len(numbers) + 1)), f"{run}: attempts of {name} are {numbers}"
 
         # max_reattempts: at most two error reattempts in a row of one step.
         by_name: dict[str, list[WorkflowStep]] = defaultdict(list)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .executor import Chain
 
 SYSTEM_ACTOR = "system"
+MAX_ACTOR_LENGTH = 255
 _NEXT_ATTEMPT = (
     f"(SELECT COALESCE(MAX(attempt), 0) + 1 FROM {WorkflowStep._meta.db_table} WHERE run_id = %s AND step_name = %s)"  # noqa: S608
 )
@@ -113,6 +114,9 @@ class RunLedger:
         transition: tuple[str, str, str] | None = None,
     ) -> None:
         """Record an audit event (written with the rest of the unit of work)."""
+        if actor is not None and len(actor) > MAX_ACTOR_LENGTH:
+            # Raised inside the unit of work: its transaction rolls back, nothing is written.
+            raise ValueError(f"actor must be at most {MAX_ACTOR_LENGTH} characters, got {len(actor)}")
         name, source, target = transition or ("", "", "")
         self._events.append(
             WorkflowEvent(

@@ -35,7 +35,7 @@ def deliver_signal(
         raise ValueError(f"A signal name must be a non-empty string, got {name!r}")
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
         raise ValueError(f"idempotency_key must be a non-empty string or None, got {idempotency_key!r}")
-    for what, value in (("A signal name", name), ("idempotency_key", idempotency_key)):
+    for what, value in (("A signal name", name), ("idempotency_key", idempotency_key), ("actor", actor)):
         if value is not None and len(value) > MAX_KEY_LENGTH:
             raise ValueError(f"{what} must be at most {MAX_KEY_LENGTH} characters, got {len(value)}")
     data = encode_payload(payload, f"signal {name!r} payload")

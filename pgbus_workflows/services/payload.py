@@ -21,7 +21,8 @@ def encode_payload(value: Any, what: str) -> Any:
     ``MAX_PAYLOAD_SIZE`` bytes.
     """
     try:
-        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
+        # ensure_ascii=False: the limit counts UTF-8 bytes, not the \u escapes of non-ASCII text.
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as error:
         raise PayloadNotSerializable(f"{what} must be JSON-serialisable (DjangoJSONEncoder): {error}") from error
     size = len(text.encode("utf-8"))

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration
 
-_POSITIVE_INTS = ("MAX_PAYLOAD_SIZE",)
+_POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
 
 

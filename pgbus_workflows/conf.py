@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "DISPATCHER_DEAD_AFTER": 60,
     "NOTIFY_CHANNEL": "pgbus_workflows",
     "AUTODISCOVER_MODULE": "workflows",
+    "BATCH_SIZE": 20,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` (keep forever).
@@ -68,6 +69,7 @@ class WorkflowSettings:
     DISPATCHER_DEAD_AFTER: timedelta
     NOTIFY_CHANNEL: str
     AUTODISCOVER_MODULE: str | None
+    BATCH_SIZE: int
 
     def user_values(self) -> dict[str, Any]:
         """The raw dict the project set (empty when it set none)."""

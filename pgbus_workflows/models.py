@@ -37,7 +37,8 @@ class WorkflowRun(models.Model):
     """One run of a workflow class: where it is, about what, with which arguments."""
 
     workflow_id = models.UUIDField(_("workflow id"), default=uuid.uuid4, unique=True, editable=False)
-    workflow_class = models.CharField(_("workflow class"), max_length=255, db_index=True)
+    # Indexed by pgbus_wf_run_class_status (no LIKE index: class names are matched whole).
+    workflow_class = models.CharField(_("workflow class"), max_length=255)
     status = models.CharField(_("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.READY)
     current_step = models.CharField(_("current step"), max_length=255, blank=True, default="")
     # NULL, not "": subject-less runs must not collide in the one-ongoing-per-subject constraint.
@@ -74,6 +75,7 @@ class WorkflowRun(models.Model):
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="pgbus_wf_run_status_valid"),
         ]
         indexes = [
+            models.Index(fields=["workflow_class", "status"], name="pgbus_wf_run_class_status"),
             models.Index(fields=["subject_type", "subject_id"], name="pgbus_wf_run_subject"),
             models.Index(
                 fields=["status_changed_at"],
@@ -114,7 +116,10 @@ class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
 class WorkflowStep(models.Model):
     """One attempt of one step of a run. The steps table is the queue."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps", verbose_name=_("run"))
+    # db_index=False: pgbus_wf_step_run_name (run, step_name) serves lookups by run; one index less per write.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="steps", verbose_name=_("run"), db_index=False
+    )
     step_name = models.CharField(_("step name"), max_length=255)
     attempt = models.PositiveIntegerField(_("attempt"), default=1)
     status = models.CharField(_("status"), max_length=16, choices=StepStatus.choices, default=StepStatus.SCHEDULED)
@@ -184,7 +189,10 @@ class WorkflowStep(models.Model):
 class WorkflowEvent(models.Model):
     """One line of a run's audit trail: a transition or an operator verb."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", verbose_name=_("run"))
+    # db_index=False: pgbus_wf_event_run (run, id) serves lookups by run; one index less per write.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="events", verbose_name=_("run"), db_index=False
+    )
     step = models.ForeignKey(
         WorkflowStep, on_delete=models.CASCADE, null=True, blank=True, related_name="events", verbose_name=_("step")
     )

@@ -8,7 +8,8 @@ Reads and everything off the hot path still use the ORM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from django.db import connection
@@ -17,14 +18,16 @@ from django.db.models import Field, Model
 M = TypeVar("M", bound=Model)
 N = TypeVar("N", bound=Model)
 _statements: dict[tuple[Any, ...], str] = {}
+_converters: dict[tuple[type[Model], int], list[tuple[str, Any, list[Any]]]] = {}
 
 
-def _quote(name: str | None) -> str:
+def quote(name: str | None) -> str:
+    """``name`` quoted for the database."""
     return connection.ops.quote_name(str(name))
 
 
 def _pk_column(model: type[Model]) -> str:
-    return _quote(model._meta.pk.column if model._meta.pk else "id")
+    return quote(model._meta.pk.column if model._meta.pk else "id")
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
@@ -61,8 +64,8 @@ def update_statement(instance: Model, names: Sequence[str]) -> Statement:
     key = ("update", model, tuple(names))
     sql = _statements.get(key)
     if sql is None:
-        assignments = ", ".join(f"{_quote(f.column)} = %s" for f in fields)
-        sql = f"UPDATE {_quote(model._meta.db_table)} SET {assignments} WHERE {_pk_column(model)} = %s"
+        assignments = ", ".join(f"{quote(f.column)} = %s" for f in fields)
+        sql = f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {_pk_column(model)} = %s"
         _statements[key] = sql
     params = [f.get_db_prep_save(getattr(instance, f.attname), connection) for f in fields]
     return sql, [*params, instance.pk]
@@ -81,11 +84,11 @@ def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = 
     key = ("insert", model, tuple(sorted(computed)), tuple(sql for sql, _ in computed.values()))
     sql = _statements.get(key)
     if sql is None:
-        columns = ", ".join(_quote(f.column) for f in fields)
+        columns = ", ".join(quote(f.column) for f in fields)
         values = ", ".join(computed[f.name][0] if f.name in computed else "%s" for f in fields)
-        extra = [_quote(field.column) for field in _fields(model, list(computed))]
+        extra = [quote(field.column) for field in _fields(model, list(computed))]
         returning = ", ".join([_pk_column(model), *extra])
-        sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES ({values}) RETURNING {returning}"
+        sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values}) RETURNING {returning}"
         _statements[key] = sql
     params: list[Any] = []
     for field in fields:
@@ -96,11 +99,9 @@ def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = 
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    instance.pk = row[0]
+    mark_saved(instance, row[0])
     for name, value in zip(computed, row[1:], strict=True):
         setattr(instance, name, value)
-    instance._state.adding = False
-    instance._state.db = connection.alias
     return instance
 
 
@@ -110,14 +111,16 @@ def insert_many(instances: Sequence[Model]) -> None:
         run_batch([insert_many_statement(instances)])
 
 
-def insert_many_statement(instances: Sequence[Model]) -> Statement:
-    """The ``INSERT`` that :func:`insert_many` runs, to batch with others."""
+def insert_many_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:
+    """The ``INSERT`` that :func:`insert_many` runs, to batch with others (``RETURNING`` the keys)."""
     model = type(instances[0])
     meta = model._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    columns = ", ".join(_quote(f.column) for f in fields)
-    sql = f"INSERT INTO {_quote(meta.db_table)} ({columns}) VALUES " + ", ".join([row] * len(instances))
+    columns = ", ".join(quote(f.column) for f in fields)
+    sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES " + ", ".join([row] * len(instances))
+    if returning:
+        sql += f" RETURNING {_pk_column(model)}"
     params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in instances for f in fields]
     return sql, params
 
@@ -127,7 +130,7 @@ def lock(model: type[M], where: str, params: Sequence[Any]) -> M | None:
     key = ("lock", model, where)
     sql = _statements.get(key)
     if sql is None:
-        sql = f"SELECT {_columns(model)} FROM {_quote(model._meta.db_table)} WHERE {where}"
+        sql = f"SELECT {_columns(model)} FROM {quote(model._meta.db_table)} WHERE {where}"
         if connection.features.has_select_for_update:
             sql += " FOR UPDATE"
         _statements[key] = sql
@@ -147,12 +150,12 @@ def lock_pair(parent: type[M], child: type[N], link: str, parent_pk: Any, child_
     key = ("pair", parent, child, link)
     sql = _statements.get(key)
     if sql is None:
-        parent_table, child_table = _quote(parent._meta.db_table), _quote(child._meta.db_table)
-        child_columns = ", ".join(f"c.{_quote(f.column)}" for f in child._meta.concrete_fields)
+        parent_table, child_table = quote(parent._meta.db_table), quote(child._meta.db_table)
+        child_columns = ", ".join(f"c.{quote(f.column)}" for f in child._meta.concrete_fields)
         sql = (
             f"WITH p AS (SELECT {_columns(parent)} FROM {parent_table} WHERE {_pk_column(parent)} = %s FOR UPDATE) "
             f"SELECT p.*, {child_columns} FROM p JOIN {child_table} c "
-            f"ON c.{_pk_column(child)} = %s AND c.{_quote(link)} = p.{_pk_column(parent)} FOR UPDATE OF c"
+            f"ON c.{_pk_column(child)} = %s AND c.{quote(link)} = p.{_pk_column(parent)} FOR UPDATE OF c"
         )
         _statements[key] = sql
     with connection.cursor() as cursor:
@@ -165,16 +168,89 @@ def lock_pair(parent: type[M], child: type[N], link: str, parent_pk: Any, child_
 
 
 def _columns(model: type[Model]) -> str:
-    return ", ".join(_quote(f.column) for f in model._meta.concrete_fields)
+    return ", ".join(quote(f.column) for f in model._meta.concrete_fields)
 
 
 def _instance(model: type[M], row: Sequence[Any]) -> M:
     """A model instance from raw column values, converted as the ORM would."""
-    fields = model._meta.concrete_fields
+    columns = _converters.get((model, id(connection)))
+    if columns is None:
+        columns = []
+        for field in model._meta.concrete_fields:
+            column = field.get_col(model._meta.db_table)
+            converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            columns.append((field.attname, column, converters))
+        _converters[(model, id(connection))] = columns  # per connection: converters are bound to it
     values = []
-    for field, value in zip(fields, row, strict=True):
-        column = field.get_col(model._meta.db_table)
-        for converter in connection.ops.get_db_converters(column) + column.get_db_converters(connection):
+    for (_, column, converters), value in zip(columns, row, strict=True):
+        for converter in converters:
             value = converter(value, column, connection)
         values.append(value)
-    return model.from_db(connection.alias, [f.attname for f in fields], values)
+    return model.from_db(connection.alias, [name for name, _, _ in columns], values)
+
+
+def mark_saved(instance: Model, pk: Any) -> None:
+    """Record that ``instance`` is now the row with key ``pk``."""
+    instance.pk = pk
+    instance._state.adding = False
+    instance._state.db = connection.alias
+
+
+@contextmanager
+def pipeline() -> Iterator[Any]:
+    """A psycopg cursor with server-side binding whose statements are pipelined (PostgreSQL).
+
+    Statements queue up and go to the server together: one round trip for all of them, or
+    one more for each ``fetch`` in between. Inside the caller's transaction; errors come
+    out as Django's database exceptions.
+    """
+    import psycopg
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = connection.connection
+        with raw.pipeline(), psycopg.Cursor(raw) as cursor:
+            yield cursor
+
+
+def lock_pairs(
+    parent: type[M], child: type[N], link: str, pairs: Sequence[tuple[Any, Any]], *, then: Statement | None = None
+) -> tuple[dict[Any, tuple[M, N]], list[tuple[Any, ...]]]:
+    """Lock several parents (in key order), then one child of each, in one round trip (PostgreSQL).
+
+    ``pairs`` are ``(parent pk, child pk)``; returns ``{child pk: (parent, child)}`` for the
+    pairs that exist, and the rows of the query ``then`` (sent in the same round trip, after
+    the locks). Parents are locked in ascending key order, all before any child, so two
+    batches never deadlock, and the lock order is the same as for one pair.
+    """
+    key = ("pairs", parent, child, link)
+    sql = _statements.get(key)
+    if sql is None:
+        parent_table, child_table = quote(parent._meta.db_table), quote(child._meta.db_table)
+        child_columns = ", ".join(f"c.{quote(f.column)}" for f in child._meta.concrete_fields)
+        pk = _pk_column(parent)
+        sql = (
+            f"WITH p AS (SELECT {_columns(parent)} FROM {parent_table} WHERE {pk} = ANY(%s) ORDER BY {pk} FOR UPDATE) "
+            f"SELECT p.*, {child_columns} FROM p JOIN {child_table} c "
+            f"ON c.{quote(link)} = p.{pk} WHERE c.{_pk_column(child)} = ANY(%s) FOR UPDATE OF c"
+        )
+        _statements[key] = sql
+    params: list[Any] = [[p for p, _ in pairs], [c for _, c in pairs]]
+    extra: list[tuple[Any, ...]] = []
+    with pipeline() as cursor:
+        cursor.execute(sql, params, prepare=True)
+        if then is not None:
+            import psycopg
+
+            with psycopg.Cursor(cursor.connection) as second:
+                second.execute(then[0], then[1], prepare=True)
+                found = cursor.fetchall()
+                extra = second.fetchall()
+        else:
+            found = cursor.fetchall()
+    split = len(parent._meta.concrete_fields)
+    locked = {}
+    for row in found:
+        child_row = _instance(child, row[split:])
+        locked[child_row.pk] = (_instance(parent, row[:split]), child_row)
+    return locked, extra

@@ -491,10 +491,10 @@ def test_the_jobs_are_written_in_the_transaction_that_parks_the_step(monkeypatch
     scheduled = WorkflowStep.objects.get(run=wf.record)
     claimed = claim_step(scheduled.pk, "test")
 
-    def broken_flush(statements):
+    def broken_flush(batch, channel):
         raise RuntimeError("the database went away at commit")
 
-    monkeypatch.setattr("pgbus_workflows.rows.run_batch", broken_flush)
+    monkeypatch.setattr("pgbus_workflows.bulk.WriteBatch.send", broken_flush)
     with pytest.raises(RuntimeError, match="went away"):
         execute_step(claimed)
 

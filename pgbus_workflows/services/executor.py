@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
@@ -25,7 +25,7 @@ from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from ..workflow import FlowControl, StepContext, Workflow
 from . import waiting
-from .ledger import RunLedger, locked_step, workflow_class
+from .ledger import RunLedger, locked_step, locked_steps, workflow_class
 from .outcome import StepOutcome, apply_outcome
 from .payload import encode_payload
 
@@ -94,21 +94,19 @@ def claim_step(step_pk: int, claimed_by: str = "") -> WorkflowStep | None:
 
 
 def _claim(pairs: list[tuple[int, int]], now: Any, claimed_by: str) -> list[WorkflowStep]:
-    """Move the locked runs' scheduled steps to in_progress, the runs to performing."""
+    """Move the locked runs' scheduled steps to in_progress, the runs to performing (one batch)."""
     if not pairs:
         return []
-    steps = list(
-        WorkflowStep.objects.select_for_update()
-        .select_related("run")
-        .filter(pk__in=[pk for pk, _ in pairs], status=StepStatus.SCHEDULED)
-        .order_by("priority", "scheduled_at", "pk")
-    )
     claimed = []
-    for step in steps:
-        ledger = RunLedger(step.run, now)
-        claim_in_ledger(ledger, step, claimed_by)
-        ledger.flush()
-        claimed.append(step)
+    items = [(run_pk, step_pk, None) for step_pk, run_pk in pairs]
+    with locked_steps(items, now=now, savepoint=False) as units:
+        for ledger, step in units:
+            if ledger is None or step is None or step.status != StepStatus.SCHEDULED:
+                continue
+            if ledger.run.status != RunStatus.READY:
+                continue
+            claim_in_ledger(ledger, step, claimed_by)
+            claimed.append(step)
     return claimed
 
 
@@ -130,31 +128,25 @@ def claim_in_ledger(ledger: RunLedger, step: WorkflowStep, claimed_by: str) -> N
 
 @dataclass
 class Chain:
-    """Lets the outcome's transaction claim the next step for the same worker.
+    """Lets the outcomes' transaction claim the next steps for the same worker.
 
     When an attempt ends and the next step is due at once in a queue this worker serves,
     it is created already claimed in the same transaction (no claim round trip, no NOTIFY)
-    and left in ``next_step`` for the worker to run straight away.
+    and left in ``next_steps`` for the worker to run straight away.
     """
 
     claimed_by: str
     queues: frozenset[str] | None = None
-    next_step: WorkflowStep | None = None
+    next_steps: list[WorkflowStep] = field(default_factory=list)
     #: The fan-out job claimed with the end of the previous one (services.fanout.execute_job).
     next_job: FanOutJob | None = None
     #: Set when the worker stops taking work (a dispatcher shutting down).
     stop: threading.Event | None = None
 
-    def take(self) -> WorkflowStep | None:
-        """The chained step (already claimed), once."""
-        step, self.next_step = self.next_step, None
-        return step
-
-
-def _chain_next(ledger: RunLedger, chain: Chain | None) -> None:
-    """Hand the step the outcome inserted already claimed (if any) to the same worker."""
-    if chain is not None:
-        chain.next_step = ledger.claim_chained()
+    def take(self) -> list[WorkflowStep]:
+        """The chained steps (already claimed), once."""
+        steps, self.next_steps = self.next_steps, []
+        return steps
 
 
 def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed_by: str = "") -> int:
@@ -178,7 +170,24 @@ def execute_step(step: WorkflowStep, *, chain: Chain | None = None, verify: bool
     transaction of the caller's), so an attempt that ran is not left claimed. ``verify=False``
     skips the re-read of a step claimed by this very caller an instant ago (a chained step).
     """
-    if verify and not WorkflowStep.objects.filter(pk=step.pk, status=StepStatus.IN_PROGRESS).exists():
+    done = perform_step(step, chain=chain, verify=verify)
+    if isinstance(done, StepOutcome):
+        return done
+    if done is None:
+        return None
+    return apply_outcomes([done], chain)[0]
+
+
+def perform_step(
+    step: WorkflowStep, *, chain: Chain | None = None, verify: bool = True
+) -> tuple[WorkflowStep, StepOutcome] | StepOutcome | None:
+    """Run a claimed attempt's guards and body, leaving its outcome to :func:`apply_outcomes`.
+
+    Returns ``(step, outcome)`` for the caller to apply (alone or with others); an outcome
+    already applied (an ``atomic=True`` body commits with its outcome); or None when there
+    is nothing to apply (the attempt was no longer in progress, or it parked for a signal).
+    """
+    if verify and not _still_in_progress(step):
         return None  # cancelled (or stalled) between the claim and now: nothing runs
     run = step.run
     cls = workflow_class(run)
@@ -195,20 +204,70 @@ def execute_step(step: WorkflowStep, *, chain: Chain | None = None, verify: bool
         context = gate
     if outcome is None:
         outcome = _run_body(workflow, context)
-    final = outcome
+    return step, outcome
 
-    def apply() -> StepOutcome | None:
-        with locked_step(run.pk, step.pk) as (ledger, locked):
-            if locked is None:
-                return None
-            ledger.claim_for = chain
-            apply_outcome(ledger, locked, final)
-            _chain_next(ledger, chain)
-        return final
 
-    result = with_reconnect(apply)
-    _log(run, step, outcome)
-    return result
+def _still_in_progress(step: WorkflowStep) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(_IN_PROGRESS, [step.pk, StepStatus.IN_PROGRESS.value])
+        return cursor.fetchone() is not None
+
+
+_IN_PROGRESS = f"SELECT 1 FROM {_STEPS} WHERE id = %s AND status = %s"  # noqa: S608
+
+
+def apply_outcomes(
+    performed: Sequence[tuple[WorkflowStep, StepOutcome]], chain: Chain | None = None
+) -> list[StepOutcome | None]:
+    """Apply the outcomes of claimed attempts of different runs, in one transaction.
+
+    Each run is locked and its outcome applied as on its own (:func:`apply_outcome`); the
+    writes of all of them are sent together. Returns, per attempt, its outcome, or None
+    when the attempt (or its run) was gone. Should one of them fail to apply, each is
+    applied in its own transaction instead, so one bad row never holds the others back.
+    """
+    if not performed:
+        return []
+
+    def apply() -> tuple[list[StepOutcome | None], list[WorkflowStep]]:
+        results: list[StepOutcome | None] = []
+        chained: list[WorkflowStep] = []
+        items = [(step.run_id, step.pk, _following(step)) for step, _ in performed]
+        with locked_steps(items) as units:
+            for (ledger, locked), (_, outcome) in zip(units, performed, strict=True):
+                if ledger is None or locked is None:
+                    results.append(None)
+                    continue
+                ledger.claim_for = chain
+                apply_outcome(ledger, locked, outcome)
+                results.append(outcome)
+                if chain is not None:
+                    step = ledger.claim_chained()
+                    if step is not None:
+                        chained.append(step)
+        return results, chained
+
+    try:
+        results, chained = with_reconnect(apply)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        if len(performed) == 1:
+            raise
+        logger.exception("Applying %d outcomes together failed; applying them one by one", len(performed))
+        return [result for item in performed for result in apply_outcomes([item], chain)]
+    if chain is not None:
+        chain.next_steps.extend(chained)
+    for (step, outcome), result in zip(performed, results, strict=True):
+        if result is not None:
+            _log(step.run, step, outcome)
+    return results
+
+
+def _following(step: WorkflowStep) -> str | None:
+    """The name of the step after ``step`` (what its outcome most often schedules)."""
+    following = workflow_class(step.run).next_step_after(step.step_name)
+    return None if following is None else following.name
 
 
 def with_reconnect(work: Callable[[], T], attempts: int = 6) -> T:
@@ -252,7 +311,10 @@ def _execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None)
             outcome = rollback.outcome
         ledger.claim_for = chain
         apply_outcome(ledger, locked, outcome)
-        _chain_next(ledger, chain)
+        if chain is not None:
+            step_after = ledger.claim_chained()
+            if step_after is not None:
+                chain.next_steps.append(step_after)
     _log(step.run, step, outcome)
     return outcome
 

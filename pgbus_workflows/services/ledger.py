@@ -7,7 +7,7 @@ transitions, the events and the wake-up are written in the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from .. import rows, signals
+from ..bulk import WriteBatch
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
@@ -45,9 +46,20 @@ def workflow_class(run: WorkflowRun) -> type[Workflow]:
 class RunLedger:
     """The locked run and what a unit of work writes: saved and flushed once at the end."""
 
-    def __init__(self, run: WorkflowRun, now: datetime | None = None) -> None:
+    def __init__(
+        self,
+        run: WorkflowRun,
+        now: datetime | None = None,
+        *,
+        writes: WriteBatch | None = None,
+        next_attempts: dict[str, int] | None = None,
+    ) -> None:
         self.run = run
         self.now = now or timezone.now()
+        #: Shared with other ledgers of one transaction: writes are deferred to ``writes.send``.
+        self.writes = writes
+        #: The next attempt number of some steps, read with the lock (no query in ``schedule``).
+        self.next_attempts = next_attempts or {}
         self.cls = workflow_class(run)
         self._events: list[WorkflowEvent] = []
         self._run_fields: set[str] = set()
@@ -155,7 +167,10 @@ class RunLedger:
                 outcome=step.outcome,
                 error_class=step.error_class,
             )
-        rows.update(step, ["status", *fields])
+        if self.writes is None:
+            rows.update(step, ["status", *fields])
+        else:
+            self.writes.update(step, ["status", *fields])
 
     def schedule(
         self,
@@ -171,6 +186,8 @@ class RunLedger:
         timeout: the signal was spent on this step, and the retry must not wait for another.
         """
         computed = {}
+        if attempt is None:
+            attempt = self.next_attempts.pop(definition.name, None)
         if attempt is None and (wait is not None or not callable(definition.wait)):
             # Numbered by the INSERT itself: one statement instead of a MAX query and an INSERT.
             computed["attempt"] = (_NEXT_ATTEMPT, [self.run.pk, definition.name])
@@ -208,7 +225,10 @@ class RunLedger:
             step.started_at = self.now
             step.claimed_by = self.claim_for.claimed_by
             step.stall_at = self.now + (definition.timeout or settings.STALL_THRESHOLD)
-        rows.insert(step, computed)
+        if self.writes is not None and not computed:
+            self.writes.inserts.append(step)
+        else:
+            rows.insert(step, computed)
         self.set_run(current_step=definition.name)
         if not chained:
             self._queues.add(queue)
@@ -234,7 +254,8 @@ class RunLedger:
             return None
         if self.run.status != RunStatus.READY:  # cannot happen: schedule() checked; never leave it claimed
             step.status, step.started_at, step.claimed_by, step.stall_at = StepStatus.SCHEDULED, None, "", None
-            rows.update(step, ["status", "started_at", "claimed_by", "stall_at"])
+            if step.pk is not None:
+                rows.update(step, ["status", "started_at", "claimed_by", "stall_at"])
             self._queues.add(step.queue)
             return None
         details: dict[str, Any] = {"attempt": step.attempt, "claimed_by": step.claimed_by}
@@ -252,6 +273,13 @@ class RunLedger:
 
     def flush(self) -> None:
         """Save the run, insert the events, queue the NOTIFY and the after-commit signals."""
+        if self._after_commit:
+            sender, pending = self.run.workflow_class, self._after_commit
+            transaction.on_commit(lambda: _send_all(sender, pending))
+            self._after_commit = []
+        if self.writes is not None:
+            self._defer(self.writes)
+            return
         statements = []
         if self._run_fields:
             statements.append(rows.update_statement(self.run, sorted(self._run_fields)))
@@ -266,10 +294,20 @@ class RunLedger:
             statements += [("SELECT pg_notify(%s, %s)", [settings.NOTIFY_CHANNEL, q]) for q in sorted(self._queues)]
         self._queues.clear()
         rows.run_batch(statements)  # one round trip
-        if self._after_commit:
-            sender, pending = self.run.workflow_class, self._after_commit
-            transaction.on_commit(lambda: _send_all(sender, pending))
-            self._after_commit = []
+
+    def _defer(self, writes: WriteBatch) -> None:
+        """Hand the run update, the events and the wake-ups to the shared batch."""
+        if self._run_fields:
+            writes.update(self.run, sorted(self._run_fields))
+            self._run_fields.clear()
+        writes.rows.extend(self._events)
+        self._events = []
+        writes.notify |= self._queues
+        self._queues.clear()
+
+
+#: One run's unit of work in a batch: its ledger (None: the run is gone) and its locked step.
+Unit = tuple[RunLedger | None, WorkflowStep | None]
 
 
 def _send_all(sender: str, pending: list[tuple[Any, dict[str, Any]]]) -> None:
@@ -299,6 +337,61 @@ def locked_step(
             ledger = RunLedger(run, now)
             yield ledger, ledger.lock_step(step_pk)
         ledger.flush()
+
+
+@contextmanager
+def locked_steps(
+    items: Sequence[tuple[int, int, str | None]], *, now: datetime | None = None, savepoint: bool = True
+) -> Iterator[list[Unit]]:
+    """Lock several runs and one step of each, for units of work written together.
+
+    ``items`` are ``(run pk, step pk, name of the step that may be scheduled next)``, one
+    per run. Runs are locked in key order, then their steps. Each item gets a unit, in the
+    order of ``items``: its ledger and its step (the step is None when it is gone, the
+    ledger too when the run is). The units' writes are sent together when the block ends:
+    four round trips with the commit, for any number of units. ``savepoint=False`` joins the
+    caller's transaction as it is (the caller rolls back everything on an error).
+    """
+    if connection.vendor != "postgresql":
+        with transaction.atomic(savepoint=savepoint):
+            units: list[Unit] = []
+            for run_pk, step_pk, _ in sorted(items):
+                run = rows.lock(WorkflowRun, "id = %s", [run_pk])
+                ledger = None if run is None else RunLedger(run, now)
+                units.append((ledger, None if ledger is None else ledger.lock_step(step_pk)))
+            by_step = {step_pk: unit for (_, step_pk, _), unit in zip(sorted(items), units, strict=True)}
+            units = [by_step[step_pk] for _, step_pk, _ in items]
+            yield units
+            for ledger, _ in units:
+                if ledger is not None:
+                    ledger.flush()
+        return
+    names = sorted({name for _, _, name in items if name})
+    attempts = (
+        f"SELECT run_id, step_name, MAX(attempt) FROM {WorkflowStep._meta.db_table} "  # noqa: S608
+        "WHERE run_id = ANY(%s) AND step_name = ANY(%s) GROUP BY run_id, step_name",
+        [[run_pk for run_pk, _, _ in items], names],
+    )
+    with transaction.atomic(savepoint=savepoint):
+        locked, counts = rows.lock_pairs(
+            WorkflowRun, WorkflowStep, "run_id", [(r, s) for r, s, _ in items], then=attempts if names else None
+        )
+        latest = {(run_pk, name): n for run_pk, name, n in counts}
+        writes = WriteBatch()
+        units = []
+        for run_pk, step_pk, name in items:
+            pair = locked.get(step_pk)
+            if pair is None:
+                run = rows.lock(WorkflowRun, "id = %s", [run_pk])  # the step is gone (or the run)
+                units.append((None if run is None else RunLedger(run, now, writes=writes), None))
+                continue
+            next_attempts = {name: latest.get((run_pk, name), 0) + 1} if name else None
+            units.append((RunLedger(pair[0], now, writes=writes, next_attempts=next_attempts), pair[1]))
+        yield units
+        for ledger, _ in units:
+            if ledger is not None:
+                ledger.flush()
+        writes.send(settings.NOTIFY_CHANNEL)
 
 
 @contextmanager

@@ -1,0 +1,185 @@
+"""Writes of many rows at once: one statement per model and set of columns, whatever the count.
+
+Several runs' units of work are written together (:class:`WriteBatch`). On PostgreSQL each
+statement takes its values as one array per column (``unnest``), so its text is the same
+for any number of rows: psycopg and the server parse it once, not once per batch size.
+Values are prepared as ``Model.save`` would; the plain column types skip the field's
+preparation, which would return them unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connection, models
+from django.db.models import Field, Model
+
+from . import rows
+
+Prepare = Callable[[Any], Any]
+_PLAIN = (
+    models.CharField,
+    models.TextField,
+    models.IntegerField,
+    models.BooleanField,
+    models.AutoField,
+    models.BigAutoField,
+    models.DateTimeField,
+)
+_sql: dict[tuple[Any, ...], str] = {}
+_preparers: dict[tuple[type[Model], str, int], Prepare] = {}
+_relations: dict[type[Model], list[Field[Any, Any]]] = {}
+
+
+def _preparer(model: type[Model], field: Field[Any, Any]) -> Prepare:
+    """What turns the attribute value of ``field`` into the value sent (``get_db_prep_save``)."""
+    key = (model, field.attname, id(connection))
+    prepare = _preparers.get(key)
+    if prepare is None:
+        target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
+        native_duration = isinstance(target, models.DurationField) and connection.features.has_native_duration_field
+        if isinstance(target, _PLAIN) or native_duration:
+            prepare = _same
+        else:
+            prepare = _bound(field)
+        _preparers[key] = prepare
+    return prepare
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _bound(field: Field[Any, Any]) -> Prepare:
+    return lambda value: field.get_db_prep_save(value, connection)
+
+
+def _cast(field: Field[Any, Any]) -> str:
+    return f"%s::{field.db_type(connection)}[]"
+
+
+def insert_statement(instances: Sequence[Model], *, returning: bool = False) -> rows.Statement:
+    """One ``INSERT`` of ``instances`` (all of one model), ``RETURNING`` their keys in order."""
+    if connection.vendor != "postgresql":
+        return rows.insert_many_statement(instances, returning=returning)
+    model = type(instances[0])
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    key = ("insert", model, returning)
+    sql = _sql.get(key)
+    if sql is None:
+        columns = ", ".join(rows.quote(f.column) for f in fields)
+        arrays = ", ".join(_cast(f) for f in fields)
+        table = rows.quote(meta.db_table)
+        sql = f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays})"  # noqa: S608 - names from the model
+        if returning:
+            sql += f" RETURNING {rows.quote(meta.pk.column)}"
+        _sql[key] = sql
+    params = []
+    for field in fields:
+        prepare = _preparer(model, field)
+        params.append([prepare(field.pre_save(obj, True)) for obj in instances])
+    return sql, params
+
+
+def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[rows.Statement]:
+    """``UPDATE`` rows by key: one statement per model and set of changed fields.
+
+    Each row appears once (the caller merges the fields of a row changed twice).
+    """
+    if connection.vendor != "postgresql":
+        return [rows.update_statement(instance, sorted(names)) for instance, names in changes]
+    groups: dict[tuple[type[Model], frozenset[str]], list[Model]] = {}
+    for instance, names in changes:
+        groups.setdefault((type(instance), names), []).append(instance)
+    statements = []
+    for (model, names), instances in groups.items():
+        ordered = sorted(names)
+        fields = [model._meta.get_field(name) for name in ordered]
+        pk = model._meta.pk
+        key = ("update", model, tuple(ordered))
+        sql = _sql.get(key)
+        if sql is None:
+            table = rows.quote(model._meta.db_table)
+            assignments = ", ".join(f"{rows.quote(f.column)} = v.{rows.quote(f.column)}" for f in fields)  # type: ignore[union-attr]
+            aliases = ", ".join(rows.quote(f.column) for f in [pk, *fields])  # type: ignore[union-attr]
+            arrays = ", ".join(_cast(f) for f in [pk, *fields])  # type: ignore[arg-type]
+            key_column = rows.quote(pk.column)
+            sql = (
+                f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({aliases}) "  # noqa: S608 - names from the model
+                f"WHERE {table}.{key_column} = v.{key_column}"
+            )
+            _sql[key] = sql
+        params: list[Any] = [[obj.pk for obj in instances]]
+        for field in fields:
+            prepare = _preparer(model, field)  # type: ignore[arg-type]
+            params.append([prepare(getattr(obj, field.attname)) for obj in instances])  # type: ignore[union-attr]
+        statements.append((sql, params))
+    return statements
+
+
+class WriteBatch:
+    """The writes of several units of work, sent together: two round trips for any number.
+
+    A ledger with a batch defers its writes here. :meth:`send` runs the updates, then the
+    inserts (their keys read back), in one round trip; then the rows that refer to those
+    (the events, now that every new step has its key) and the NOTIFYs. Updates go first so
+    a run's ended attempt is no longer active when its next one is inserted.
+    """
+
+    def __init__(self) -> None:
+        self._changes: dict[tuple[type[Model], Any], tuple[Model, set[str]]] = {}
+        self.inserts: list[Model] = []
+        self.rows: list[Model] = []
+        self.notify: set[str] = set()
+
+    def update(self, instance: Model, names: Sequence[str]) -> None:
+        """Defer an ``UPDATE``; a row still to be inserted is written with its new values anyway."""
+        if instance.pk is None:
+            return
+        key = (type(instance), instance.pk)
+        if key in self._changes:
+            self._changes[key][1].update(names)
+        else:
+            self._changes[key] = (instance, set(names))
+
+    def send(self, channel: str) -> None:
+        """Run every deferred write (inside the caller's transaction)."""
+        head = update_statements([(obj, frozenset(names)) for obj, names in self._changes.values()])
+        if connection.vendor != "postgresql":
+            rows.run_batch(head)
+            for instance in self.inserts:
+                rows.insert(instance)
+            for row in self.rows:
+                _link(row)
+            if self.rows:
+                rows.run_batch([insert_statement(self.rows)])
+            return
+        with rows.pipeline() as cursor:
+            for sql, params in head:
+                cursor.execute(sql, params, prepare=True)
+            if self.inserts:
+                cursor.execute(*insert_statement(self.inserts, returning=True), prepare=True)
+                keys = cursor.fetchall()  # the first round trip
+                for instance, (pk,) in zip(self.inserts, keys, strict=True):
+                    rows.mark_saved(instance, pk)
+            for row in self.rows:
+                _link(row)
+            if self.rows:
+                cursor.execute(*insert_statement(self.rows), prepare=True)
+            for queue in sorted(self.notify):
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue], prepare=True)
+
+
+def _link(row: Model) -> None:
+    """Set the foreign keys of ``row`` to rows inserted since it was made."""
+    model = type(row)
+    relations = _relations.get(model)
+    if relations is None:
+        relations = _relations[model] = [f for f in model._meta.concrete_fields if f.is_relation]
+    for field in relations:
+        if getattr(row, field.attname) is None:
+            related = getattr(row, field.name, None)
+            if related is not None:
+                setattr(row, field.attname, related.pk)

@@ -56,7 +56,7 @@ def _bound(field: Field[Any, Any]) -> Prepare:
 
 
 def _cast(field: Field[Any, Any]) -> str:
-    return f"%s::{field.db_type(connection)}[]"
+    return f"%b::{field.db_type(connection)}[]"
 
 
 def insert_statement(instances: Sequence[Model], *, returning: bool = False) -> rows.Statement:

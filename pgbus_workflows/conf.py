@@ -26,7 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "DISPATCHER_DEAD_AFTER": 60,
     "NOTIFY_CHANNEL": "pgbus_workflows",
     "AUTODISCOVER_MODULE": "workflows",
-    "BATCH_SIZE": 20,
+    "BATCH_SIZE": 100,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` (keep forever).

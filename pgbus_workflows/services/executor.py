@@ -208,12 +208,23 @@ def perform_step(
 
 
 def _still_in_progress(step: WorkflowStep) -> bool:
+    return bool(still_in_progress([step.pk]))
+
+
+def still_in_progress(step_pks: Sequence[int]) -> set[int]:
+    """Which of these claimed attempts are still in progress (not cancelled or stalled since)."""
+    if not step_pks:
+        return set()
     with connection.cursor() as cursor:
-        cursor.execute(_IN_PROGRESS, [step.pk, StepStatus.IN_PROGRESS.value])
-        return cursor.fetchone() is not None
+        if connection.vendor == "postgresql":
+            cursor.execute(_IN_PROGRESS, [list(step_pks), StepStatus.IN_PROGRESS.value])
+        else:
+            marks = ", ".join(["%s"] * len(step_pks))
+            cursor.execute(f"SELECT id FROM {_STEPS} WHERE id IN ({marks}) AND status = %s", [*step_pks, "in_progress"])  # noqa: S608
+        return {row[0] for row in cursor.fetchall()}
 
 
-_IN_PROGRESS = f"SELECT 1 FROM {_STEPS} WHERE id = %s AND status = %s"  # noqa: S608
+_IN_PROGRESS = f"SELECT id FROM {_STEPS} WHERE id = ANY(%s) AND status = %s"  # noqa: S608
 
 
 def apply_outcomes(

@@ -131,7 +131,8 @@ class RunLedger:
             raise ValueError(f"actor must be at most {MAX_ACTOR_LENGTH} characters, got {len(actor)}")
         name, source, target = transition or ("", "", "")
         self._events.append(
-            WorkflowEvent(
+            rows.build(
+                WorkflowEvent,
                 run=self.run,
                 step=step,
                 kind=kind,
@@ -207,7 +208,8 @@ class RunLedger:
         priority = definition.priority
         if priority is None:
             priority = self.cls.step_options.get("priority", 0)
-        step = WorkflowStep(
+        step = rows.build(
+            WorkflowStep,
             run=self.run,
             step_name=definition.name,
             attempt=attempt or 1,

@@ -1,0 +1,274 @@
+"""The dispatcher's worker threads: they run claimed work and commit quick steps' outcomes together.
+
+The dispatcher's loop claims due work and hands it to the pool (a shared queue). Each worker
+takes one piece at a time and runs its body; the outcomes of quick steps wait (at most
+``BATCH_SIZE`` of them, at most ``BATCH_WINDOW`` seconds) and are then applied in one
+transaction, which also claims, for the same worker, the next steps that are due at once.
+Those go to the worker's own lane, so a run's steps keep being batched by one worker.
+
+A slow body never holds other work up: when a worker has been inside one body for longer
+than ``BATCH_WINDOW``, idle workers take the waiting work of its lane. Nothing claimed is
+ever waiting in a worker's hands unstarted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from django.db import connection
+
+from .conf import settings
+from .models import FanOutJob, WorkflowStep
+from .services.executor import Chain, apply_outcomes, perform_step, still_in_progress
+from .services.fanout import execute_job
+from .services.outcome import StepOutcome
+
+logger = logging.getLogger("pgbus_workflows")
+
+#: The longest a worker keeps quick steps' outcomes before committing them together, and
+#: how long a body may run before idle workers take the work queued behind it.
+BATCH_WINDOW = 0.02
+
+Work = WorkflowStep | FanOutJob
+#: Claimed work and whether to re-check it before its body runs (a claim by the loop may be
+#: cancelled before it starts; a step claimed by the transaction that just ended cannot).
+Queued = tuple[Work, bool]
+
+
+def work_key(work: Work) -> tuple[str, int]:
+    """``("step" | "job", pk)``: how the pool tracks a claim."""
+    return ("job", work.pk) if isinstance(work, FanOutJob) else ("step", work.pk)
+
+
+class _Lane:
+    """One worker's own queue (the steps its transactions claimed) and what it is running."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Queued] = deque()
+        #: ``time.monotonic()`` when its current body started; None between bodies.
+        self.body_since: float | None = None
+
+
+class WorkerPool:
+    """``size`` worker threads serving the claims of one dispatcher."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        queues: frozenset[str] | None,
+        size: int,
+        stopping: threading.Event,
+        on_free: Callable[[], None],
+        on_lost: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.queues = queues
+        self.size = size
+        self._stopping = stopping
+        self._on_free = on_free  # a claim ended: the loop may claim more
+        self._on_lost = on_lost  # a claim's end could not be written: recover orphans
+        self._shared: deque[Queued] = deque()
+        self._lanes = [_Lane() for _ in range(size)]
+        self._cond = threading.Condition()
+        # work_key of every claim held: queued, running, or its outcome not yet written.
+        self._held: set[tuple[str, int]] = set()
+        # How long bodies take (a moving average): sizes the claims so batches stay short.
+        self._body_seconds = 0.0
+        self._threads = [
+            threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{n}", daemon=True)
+            for n, lane in enumerate(self._lanes)
+        ]
+
+    def start(self) -> None:
+        """Start the worker threads."""
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, deadline: float) -> bool:
+        """Wait (until the ``time.monotonic()`` deadline) for the workers to finish every claim.
+
+        Call after ``stopping`` is set. Returns True when some are still running.
+        """
+        with self._cond:
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        return any(thread.is_alive() for thread in self._threads)
+
+    def held(self) -> set[tuple[str, int]]:
+        """The claims this pool holds (queued, running, or not yet written)."""
+        with self._cond:
+            return set(self._held)
+
+    def free_slots(self) -> int:
+        """How much to claim now: a batch per worker, less what is held.
+
+        A batch is as many steps as recent bodies run in ``BATCH_WINDOW`` (at most
+        ``BATCH_SIZE``; one when bodies are slow), so claimed work never waits long. While
+        work is held, less than a batch is not worth a claim: the next release will do.
+        """
+        quick = int(BATCH_WINDOW / self._body_seconds) if self._body_seconds else 1
+        per_worker = max(1, min(settings.BATCH_SIZE, quick))
+        with self._cond:
+            free = self.size * per_worker - len(self._held)
+            # Claim a batch's worth or nothing while work is held: fewer, fuller claims.
+            return free if free >= per_worker or not self._held else 0
+
+    def hand_out(self, works: Sequence[Work], *, verify: bool, lane: _Lane | None = None) -> None:
+        """Queue claimed work: on ``lane`` (a worker's own) or for any worker."""
+        if not works:
+            return
+        with self._cond:
+            self._held.update(work_key(work) for work in works)
+            (self._shared if lane is None else lane.queue).extend((work, verify) for work in works)
+            self._cond.notify_all()
+
+    def _release(self, works: Sequence[Work]) -> None:
+        with self._cond:
+            self._held.difference_update(work_key(work) for work in works)
+            if self._stopping.is_set():
+                self._cond.notify_all()  # idle workers waiting for the last claims may exit
+        self._on_free()
+
+    def _take(self, lane: _Lane, wait: bool) -> Queued | None:
+        """Work for ``lane``'s worker: its own, then shared, then what waits behind a slow body.
+
+        None when there is none and ``wait`` is false, or when stopping and nothing is held.
+        """
+        while True:
+            with self._cond:
+                while True:
+                    if lane.queue:
+                        return lane.queue.popleft()
+                    if self._shared:
+                        chunk = self._share()
+                        break
+                    stolen = self._steal()
+                    if stolen is not None:
+                        return stolen
+                    if not wait or (self._stopping.is_set() and not self._held):
+                        return None
+                    self._cond.wait(BATCH_WINDOW)
+            self._check(chunk, lane)
+
+    def _share(self) -> list[Queued]:
+        """This worker's part of the shared queue: an even share, at most a batch."""
+        count = min(settings.BATCH_SIZE, max(1, len(self._shared) // max(self.size, 1)))
+        return [self._shared.popleft() for _ in range(count)]
+
+    def _check(self, chunk: list[Queued], lane: _Lane) -> None:
+        """Re-check claims (one query for the chunk); queue those still in progress on ``lane``."""
+        steps = [work.pk for work, verify in chunk if verify and isinstance(work, WorkflowStep)]
+        try:
+            alive = still_in_progress(steps)
+        except Exception:
+            logger.exception("Could not re-check %d claimed step(s)", len(steps))
+            self._lost([work for work, _ in chunk])
+            return
+        gone = [work for work, verify in chunk if verify and isinstance(work, WorkflowStep) and work.pk not in alive]
+        with self._cond:
+            lane.queue.extend(
+                (work, verify and isinstance(work, FanOutJob)) for work, verify in chunk if work not in gone
+            )
+        if gone:
+            self._release(gone)  # cancelled (or stalled) between the claim and now: they never run
+
+    def _steal(self) -> Queued | None:
+        now = time.monotonic()
+        for other in self._lanes:
+            if other.queue and other.body_since is not None and now - other.body_since > BATCH_WINDOW:
+                return other.queue.pop()
+        return None
+
+    def _serve(self, lane: _Lane) -> None:
+        """One worker thread: run work; apply quick steps' outcomes in batches."""
+        chain = Chain(self.name, self.queues, stop=self._stopping)
+        performed: list[tuple[WorkflowStep, StepOutcome]] = []
+        opened = 0.0
+        try:
+            while True:
+                taken = self._take(lane, wait=not performed)
+                if taken is None:
+                    if not performed:
+                        return
+                    self._apply(performed, chain, lane)
+                    performed = []
+                    continue
+                work, verify = taken
+                if isinstance(work, FanOutJob):
+                    self._run_job(work, chain)
+                    continue
+                done = self._perform(work, chain, verify, lane)
+                if done is None:
+                    continue
+                if not performed:
+                    opened = time.monotonic()
+                performed.append(done)
+                if len(performed) >= settings.BATCH_SIZE or time.monotonic() - opened >= BATCH_WINDOW:
+                    self._apply(performed, chain, lane)
+                    performed = []
+        finally:
+            connection.close()
+
+    def _perform(
+        self, step: WorkflowStep, chain: Chain, verify: bool, lane: _Lane
+    ) -> tuple[WorkflowStep, StepOutcome] | None:
+        """Run one body; the outcome still to apply, or None when it is dealt with already."""
+        began = lane.body_since = time.monotonic()
+        try:
+            done = perform_step(step, chain=chain, verify=verify)
+        except Exception:
+            logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)
+            self._lost([step])
+            return None
+        finally:
+            lane.body_since = None
+        self._body_seconds = 0.8 * self._body_seconds + 0.2 * (time.monotonic() - began)
+        if isinstance(done, tuple):
+            return done
+        self.hand_out(chain.take(), verify=False, lane=lane)  # an atomic step's next step
+        self._release([step])
+        return None
+
+    def _apply(self, performed: list[tuple[WorkflowStep, StepOutcome]], chain: Chain, lane: _Lane) -> None:
+        """Write the outcomes together; the steps their transaction claimed go to ``lane``."""
+        steps = [step for step, _ in performed]
+        try:
+            apply_outcomes(performed, chain)
+        except Exception:
+            logger.exception("The outcomes of %d step(s) could not be written", len(steps))
+            self._lost(steps)
+            return
+        self.hand_out(chain.take(), verify=False, lane=lane)
+        self._release(steps)
+
+    def _lost(self, works: Sequence[Work]) -> None:
+        """Give up claims whose end could not be written: the orphan recovery stalls them."""
+        connection.close()
+        self._release(works)
+        self._on_lost()
+
+    def _run_job(self, job: FanOutJob, chain: Chain) -> None:
+        """Run a claimed job, then the next ones claimed with each job's end."""
+        current: FanOutJob | None = job
+        try:
+            while current is not None:
+                try:
+                    execute_job(current, chain=chain)
+                except Exception:
+                    logger.exception(
+                        "Fan-out job %s #%s of run %s could not be finished",
+                        current.function,
+                        current.index,
+                        current.run_id,
+                    )
+                    connection.close()
+                    return
+                current, chain.next_job = chain.next_job, None
+        finally:
+            self._release([job])

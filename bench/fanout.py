@@ -27,7 +27,8 @@ from bench.common import drop_database, pgbench_tps, recreate_database, start_di
 def open_fan_out(jobs: int) -> tuple[int, float]:
     """Start a run and execute its fan-out step here; returns (step pk, jobs/s of the opening)."""
     from pgbus_workflows.models import WorkflowRun, WorkflowStep
-    from pgbus_workflows.services.executor import claim_step, execute_step
+    from pgbus_workflows.services.claims import claim_step
+    from pgbus_workflows.services.executor import execute_step
     from tests.testapp.workflows import FanBench
 
     WorkflowRun.objects.all().delete()

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
-from .services.executor import claim_due_steps
+from .services.claims import claim_due_steps
 from .services.fanout import claim_due_jobs, recover_jobs
 from .states import RunStatus, StepStatus
 from .sweep import Sweeper, stall

@@ -28,7 +28,8 @@ from django.utils import timezone
 from .exceptions import StepWaiting, TestHelperError
 from .models import FanOutJob, JobStatus, WorkflowStep
 from .services import fanout, operator
-from .services.executor import claim_step, execute_step
+from .services.claims import claim_step
+from .services.executor import execute_step
 from .services.fanout import claim_job, execute_job
 from .services.ledger import locked_run
 from .services.waiting import fire_timeout, waiting_step

@@ -23,7 +23,8 @@ from django.db import connection
 
 from .conf import settings
 from .models import FanOutJob, WorkflowStep
-from .services.executor import Chain, apply_outcomes, perform_step, still_in_progress
+from .services.claims import still_in_progress
+from .services.executor import Chain, apply_outcomes, perform_step
 from .services.fanout import execute_job
 from .services.outcome import StepOutcome
 
@@ -201,7 +202,7 @@ class WorkerPool:
                     continue
                 work, verify = taken
                 if isinstance(work, FanOutJob):
-                    self._run_job(work, chain)
+                    self._run_job(work, chain, lane)
                     continue
                 done = self._perform(work, chain, verify, lane)
                 if done is None:
@@ -253,11 +254,12 @@ class WorkerPool:
         self._release(works)
         self._on_lost()
 
-    def _run_job(self, job: FanOutJob, chain: Chain) -> None:
+    def _run_job(self, job: FanOutJob, chain: Chain, lane: _Lane) -> None:
         """Run a claimed job, then the next ones claimed with each job's end."""
         current: FanOutJob | None = job
         try:
             while current is not None:
+                lane.body_since = time.monotonic()
                 try:
                     execute_job(current, chain=chain)
                 except Exception:
@@ -271,4 +273,5 @@ class WorkerPool:
                     return
                 current, chain.next_job = chain.next_job, None
         finally:
+            lane.body_since = None
             self._release([job])

@@ -10,7 +10,8 @@ from django.db import connection
 
 from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.models import WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, claim_step, execute_step
+from pgbus_workflows.services.claims import claim_due_steps, claim_step
+from pgbus_workflows.services.executor import execute_step
 from tests.testapp.models import Order, Receipt, SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -34,7 +34,8 @@ from pgbus_workflows.exceptions import (
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.registry import registry
 from pgbus_workflows.services import operator
-from pgbus_workflows.services.executor import claim_due_steps, claim_step, execute_step
+from pgbus_workflows.services.claims import claim_due_steps, claim_step
+from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.testapp.jobs import square
 from tests.testapp.models import Order

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from pgbus_workflows import NotInStep, OnException, Workflow, removed_step, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, claim_step, execute_step, run_due_steps
+from pgbus_workflows.services.claims import claim_due_steps, claim_step
+from pgbus_workflows.services.executor import execute_step, run_due_steps
 from tests.testapp.models import Order, SideEffect
 
 pytestmark = pytest.mark.django_db

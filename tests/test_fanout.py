@@ -21,7 +21,8 @@ from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.exceptions import FanOutFailed, StepWaiting, TestHelperError
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowStep
 from pgbus_workflows.services import fanout
-from pgbus_workflows.services.executor import claim_step, execute_step
+from pgbus_workflows.services.claims import claim_step
+from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.fanout import (
     cancel_pending_jobs,
     claim_due_jobs,

@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from pgbus_workflows import InvalidTransition, NotPaused, StepNotDefined, Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, execute_step
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step
 from tests.testapp.models import Order, SideEffect
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,8 @@ import pytest
 
 from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, claim_step, execute_step
+from pgbus_workflows.services.claims import claim_due_steps, claim_step
+from pgbus_workflows.services.executor import execute_step
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,8 @@ import pytest
 
 from pgbus_workflows import InvalidTransition, Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, execute_step, run_due_steps
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.states import ONGOING_RUN
 from tests.testapp.models import Receipt, SideEffect
 from tests.threads import JOIN_TIMEOUT, Worker

@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from pgbus_workflows import Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, execute_step, run_due_steps
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.waiting import expire_due_waits
 from tests.testapp.models import Order, SideEffect

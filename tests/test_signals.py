@@ -27,7 +27,8 @@ from pgbus_workflows import (
 from pgbus_workflows import signals as wf_signals
 from pgbus_workflows.exceptions import TestHelperError
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, execute_step, run_due_steps
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.waiting import expire_due_waits
 from pgbus_workflows.sweep import Sweeper, gauge

@@ -53,7 +53,8 @@ from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.exceptions import AlreadyRunning, InvalidTransition, NotOngoing, NotPaused, StepNotDefined
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services import operator
-from pgbus_workflows.services.executor import claim_due_steps, claim_step, execute_step
+from pgbus_workflows.services.claims import claim_due_steps, claim_step
+from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.waiting import expire_due_waits
 from pgbus_workflows.states import ACTIVE_STEP, ONGOING_RUN, RUN_TRANSITIONS, TERMINAL_RUN
 from pgbus_workflows.sweep import Sweeper

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from pgbus_workflows import signals
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps, execute_step
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.sweep import SWEEP_LOCK_KEY, Sweeper, delete_expired_runs, gauge
 from tests.testapp.workflows import Counted
 

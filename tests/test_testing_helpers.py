@@ -8,7 +8,7 @@ from django.utils import timezone
 from pgbus_workflows import Workflow, step
 from pgbus_workflows.exceptions import TestHelperError
 from pgbus_workflows.models import WorkflowEvent, WorkflowStep
-from pgbus_workflows.services.executor import claim_due_steps
+from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.testapp.models import Order, SideEffect
 

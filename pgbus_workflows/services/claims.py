@@ -1,0 +1,128 @@
+"""Claiming due steps: the claim transaction, and the re-check of claims before their bodies run.
+
+``claim_due_steps`` claims up to ``limit`` due attempts in one short transaction: runs locked
+with ``SKIP LOCKED`` (two dispatchers never claim one step), then every claimed step and its
+run moved and recorded together, as one batch of units of work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..conf import settings
+from ..models import WorkflowRun, WorkflowStep
+from ..states import RunStatus, StepStatus
+from .ledger import RunLedger, locked_steps
+
+
+def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by: str = "") -> list[WorkflowStep]:
+    """Claim up to ``limit`` due steps of ready runs, by priority then ``scheduled_at``.
+
+    Each claimed attempt is ``in_progress`` with its ``stall_at`` set and its run
+    ``performing``; the list is what the caller must now pass to :func:`execute_step`.
+    """
+    if limit < 1:
+        return []
+    now = timezone.now()
+    with transaction.atomic():
+        pairs = _due_pairs(limit, None if queues is None else list(queues), now)
+        return _claim(pairs, now, claimed_by)
+
+
+_STEPS = WorkflowStep._meta.db_table
+_RUNS = WorkflowRun._meta.db_table
+
+
+def _due_pairs(limit: int, queues: list[str] | None, now: Any) -> list[tuple[int, int]]:
+    """``(step pk, run pk)`` of due steps of ready runs, their runs locked.
+
+    Only the runs are locked, with SKIP LOCKED: the lock order is always run, then step,
+    and a run another dispatcher (or an operator) holds is passed over, not waited for.
+    The ORDER BY matches the partial index ``pgbus_wf_step_due``.
+    """
+    queue_filter = "" if queues is None else "AND s.queue = ANY(%s)"
+    lock = "FOR UPDATE OF r SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    if queues is not None and connection.vendor != "postgresql":
+        queue_filter = "AND s.queue IN ({})".format(", ".join(["%s"] * len(queues)))
+    sql = f"""
+        SELECT s.id, s.run_id FROM {_STEPS} s JOIN {_RUNS} r ON r.id = s.run_id
+        WHERE s.status = 'scheduled' AND s.scheduled_at <= %s AND r.status = 'ready' {queue_filter}
+        ORDER BY s.priority, s.scheduled_at, s.id
+        LIMIT %s {lock}
+    """  # noqa: S608 - table names come from the models, values are parameters
+    params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
+    if queues is not None:
+        params.extend([queues] if connection.vendor == "postgresql" else queues)
+    params.append(limit)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def claim_step(step_pk: int, claimed_by: str = "") -> WorkflowStep | None:
+    """Claim one scheduled step whatever its ``scheduled_at`` (test helpers, ``run_now``).
+
+    Returns None (a no-op) when the step is no longer scheduled or its run is not ready.
+    """
+    run_id = WorkflowStep.objects.filter(pk=step_pk).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return None
+    with transaction.atomic():
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id, status=RunStatus.READY).first()
+        if run is None:
+            return None
+        claimed = _claim([(step_pk, run_id)], timezone.now(), claimed_by)
+        return claimed[0] if claimed else None
+
+
+def _claim(pairs: list[tuple[int, int]], now: Any, claimed_by: str) -> list[WorkflowStep]:
+    """Move the locked runs' scheduled steps to in_progress, the runs to performing (one batch)."""
+    if not pairs:
+        return []
+    claimed = []
+    items = [(run_pk, step_pk, None) for step_pk, run_pk in pairs]
+    with locked_steps(items, now=now, savepoint=False) as units:
+        for ledger, step in units:
+            if ledger is None or step is None or step.status != StepStatus.SCHEDULED:
+                continue
+            if ledger.run.status != RunStatus.READY:
+                continue
+            _claim_in_ledger(ledger, step, claimed_by)
+            claimed.append(step)
+    return claimed
+
+
+def _claim_in_ledger(ledger: RunLedger, step: WorkflowStep, claimed_by: str) -> None:
+    """Claim a scheduled attempt of the locked run: the step in progress, the run performing."""
+    ledger.move_step(
+        step,
+        StepStatus.IN_PROGRESS,
+        started_at=ledger.now,
+        claimed_by=claimed_by,
+        stall_at=ledger.now + (step.timeout or settings.STALL_THRESHOLD),
+    )
+    details: dict[str, Any] = {"attempt": step.attempt}
+    if claimed_by:
+        details["claimed_by"] = claimed_by
+    ledger.transition("claim", RunStatus.PERFORMING, kind="step_started", step=step, details=details)
+    step.run = ledger.run
+
+
+def still_in_progress(step_pks: Sequence[int]) -> set[int]:
+    """Which of these claimed attempts are still in progress (not cancelled or stalled since)."""
+    if not step_pks:
+        return set()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(_IN_PROGRESS, [list(step_pks), StepStatus.IN_PROGRESS.value])
+        else:
+            marks = ", ".join(["%s"] * len(step_pks))
+            cursor.execute(f"SELECT id FROM {_STEPS} WHERE id IN ({marks}) AND status = %s", [*step_pks, "in_progress"])  # noqa: S608
+        return {row[0] for row in cursor.fetchall()}
+
+
+_IN_PROGRESS = f"SELECT id FROM {_STEPS} WHERE id = ANY(%s) AND status = %s"  # noqa: S608

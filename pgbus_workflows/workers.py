@@ -149,12 +149,12 @@ class WorkerPool:
                     if self._shared:
                         chunk = self._share()
                         break
-                    stolen = self._steal()
+                    stolen, patience = self._steal()
                     if stolen is not None:
                         return stolen
                     if not wait or (self._stopping.is_set() and not self._held):
                         return None
-                    self._cond.wait(BATCH_WINDOW)
+                    self._cond.wait(patience)
             self._check(chunk, lane)
 
     def _share(self) -> list[Queued]:
@@ -179,12 +179,21 @@ class WorkerPool:
         if gone:
             self._release(gone)  # cancelled (or stalled) between the claim and now: they never run
 
-    def _steal(self) -> Queued | None:
+    def _steal(self) -> tuple[Queued | None, float]:
+        """Work queued behind a body running for over ``BATCH_WINDOW``; else how long to wait.
+
+        An idle worker sleeps until new work is handed out, or until the soonest body with
+        work behind it has run for ``BATCH_WINDOW`` (at most a second, to see ``stopping``).
+        """
         now = time.monotonic()
+        patience = 1.0
         for other in self._lanes:
-            if other.queue and other.body_since is not None and now - other.body_since > BATCH_WINDOW:
-                return other.queue.pop()
-        return None
+            if other.queue and other.body_since is not None:
+                ripe = other.body_since + BATCH_WINDOW - now
+                if ripe < 0:
+                    return other.queue.pop(), 0.0
+                patience = min(patience, ripe + 0.001)
+        return None, patience
 
     def _serve(self, lane: _Lane) -> None:
         """One worker thread: run work; apply quick steps' outcomes in batches."""
@@ -216,11 +225,19 @@ class WorkerPool:
         finally:
             connection.close()
 
+    def _enter_body(self, lane: _Lane) -> float:
+        """Mark ``lane``'s worker as inside a body; idle workers then time when to take its queue."""
+        lane.body_since = time.monotonic()
+        if lane.queue:
+            with self._cond:
+                self._cond.notify_all()
+        return lane.body_since
+
     def _perform(
         self, step: WorkflowStep, chain: Chain, verify: bool, lane: _Lane
     ) -> tuple[WorkflowStep, StepOutcome] | None:
         """Run one body; the outcome still to apply, or None when it is dealt with already."""
-        began = lane.body_since = time.monotonic()
+        began = self._enter_body(lane)
         try:
             done = perform_step(step, chain=chain, verify=verify)
         except Exception:
@@ -259,7 +276,7 @@ class WorkerPool:
         current: FanOutJob | None = job
         try:
             while current is not None:
-                lane.body_since = time.monotonic()
+                self._enter_body(lane)
                 try:
                     execute_job(current, chain=chain)
                 except Exception:

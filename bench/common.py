@@ -7,6 +7,7 @@ settings module to the test project's (whose workflows the dispatchers autodisco
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -94,9 +95,11 @@ def pgbench_tps(clients: int, seconds: int) -> float:
     return float(match.group(1))
 
 
-def start_dispatchers(count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
-    """Dispatcher processes on the bench database, without the sweep."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def start_dispatchers(
+    count: int, concurrency: int, settings: dict[str, Any] | None = None
+) -> list[subprocess.Popen[bytes]]:
+    """Dispatcher processes on the bench database, without the sweep (``settings``: PGBUS_WORKFLOWS keys)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PGBUS_WORKFLOWS_JSON": json.dumps(settings or {})}
     command = [sys.executable, "-m", "django", "run_workflow_dispatcher", "--no-sweep", "-v", "0"]
     return [subprocess.Popen([*command, "--concurrency", str(concurrency)], cwd=ROOT, env=env) for _ in range(count)]
 

@@ -70,6 +70,7 @@ class WorkerPool:
         self.name = name
         self.queues = queues
         self.size = size
+        self.batch_size = settings.BATCH_SIZE
         self._stopping = stopping
         self._on_free = on_free  # a claim ended: the loop may claim more
         self._on_lost = on_lost  # a claim's end could not be written: recover orphans
@@ -114,7 +115,7 @@ class WorkerPool:
         work is held, less than a batch is not worth a claim: the next release will do.
         """
         quick = int(BATCH_WINDOW / self._body_seconds) if self._body_seconds else 1
-        per_worker = max(1, min(settings.BATCH_SIZE, quick))
+        per_worker = max(1, min(self.batch_size, quick))
         with self._cond:
             free = self.size * per_worker - len(self._held)
             # Claim a batch's worth or nothing while work is held: fewer, fuller claims.
@@ -159,7 +160,7 @@ class WorkerPool:
 
     def _share(self) -> list[Queued]:
         """This worker's part of the shared queue: an even share, at most a batch."""
-        count = min(settings.BATCH_SIZE, max(1, len(self._shared) // max(self.size, 1)))
+        count = min(self.batch_size, max(1, len(self._shared) // max(self.size, 1)))
         return [self._shared.popleft() for _ in range(count)]
 
     def _check(self, chunk: list[Queued], lane: _Lane) -> None:
@@ -219,7 +220,7 @@ class WorkerPool:
                 if not performed:
                     opened = time.monotonic()
                 performed.append(done)
-                if len(performed) >= settings.BATCH_SIZE or time.monotonic() - opened >= BATCH_WINDOW:
+                if len(performed) >= self.batch_size or time.monotonic() - opened >= BATCH_WINDOW:
                     self._apply(performed, chain, lane)
                     performed = []
         finally:

@@ -139,7 +139,7 @@ def lock(model: type[M], where: str, params: Sequence[Any]) -> M | None:
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))
         row = cursor.fetchone()
-    return None if row is None else _instance(model, row)
+    return None if row is None else from_row(model, row)
 
 
 def lock_pair(parent: type[M], child: type[N], link: str, parent_pk: Any, child_pk: Any) -> tuple[M, N] | None:
@@ -166,15 +166,15 @@ def lock_pair(parent: type[M], child: type[N], link: str, parent_pk: Any, child_
     if row is None:
         return None
     split = len(parent._meta.concrete_fields)
-    return _instance(parent, row[:split]), _instance(child, row[split:])
+    return from_row(parent, row[:split]), from_row(child, row[split:])
 
 
 def _columns(model: type[Model]) -> str:
     return ", ".join(quote(f.column) for f in model._meta.concrete_fields)
 
 
-def _instance(model: type[M], row: Sequence[Any]) -> M:
-    """A model instance from raw column values, converted as the ORM would (see :func:`build`)."""
+def from_row(model: type[M], row: Sequence[Any]) -> M:
+    """A model instance from raw column values (all concrete fields), converted as the ORM would."""
     columns = _converters.get((model, id(connection)))
     if columns is None:
         columns = []
@@ -280,6 +280,6 @@ def lock_pairs(
     split = len(parent._meta.concrete_fields)
     locked = {}
     for row in found:
-        child_row = _instance(child, row[split:])
-        locked[child_row.pk] = (_instance(parent, row[:split]), child_row)
+        child_row = from_row(child, row[split:])
+        locked[child_row.pk] = (from_row(parent, row[:split]), child_row)
     return locked, extra

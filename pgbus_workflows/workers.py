@@ -25,7 +25,7 @@ from .conf import settings
 from .models import FanOutJob, WorkflowStep
 from .services.claims import still_in_progress
 from .services.executor import Chain, apply_outcomes, perform_step
-from .services.fanout import execute_job
+from .services.fanout import JobEnd, record_job_ends, run_job
 from .services.outcome import StepOutcome
 
 logger = logging.getLogger("pgbus_workflows")
@@ -197,32 +197,26 @@ class WorkerPool:
         return None, patience
 
     def _serve(self, lane: _Lane) -> None:
-        """One worker thread: run work; apply quick steps' outcomes in batches."""
+        """One worker thread: run work; write quick steps' outcomes and jobs' ends in batches."""
         chain = Chain(self.name, self.queues, stop=self._stopping)
-        performed: list[tuple[WorkflowStep, StepOutcome]] = []
-        opened = 0.0
+        batch = _Batch()
         try:
             while True:
-                taken = self._take(lane, wait=not performed)
+                taken = self._take(lane, wait=not batch)
                 if taken is None:
-                    if not performed:
+                    if not batch:
                         return
-                    self._apply(performed, chain, lane)
-                    performed = []
+                    self._write(batch, chain, lane)
+                    batch = _Batch()
                     continue
                 work, verify = taken
                 if isinstance(work, FanOutJob):
-                    self._run_job(work, chain, lane)
-                    continue
-                done = self._perform(work, chain, verify, lane)
-                if done is None:
-                    continue
-                if not performed:
-                    opened = time.monotonic()
-                performed.append(done)
-                if len(performed) >= self.batch_size or time.monotonic() - opened >= BATCH_WINDOW:
-                    self._apply(performed, chain, lane)
-                    performed = []
+                    batch.add_job(self._run_job(work, lane))
+                else:
+                    batch.add_step(self._perform(work, chain, verify, lane))
+                if len(batch) >= self.batch_size or batch.age() >= BATCH_WINDOW:
+                    self._write(batch, chain, lane)
+                    batch = _Batch()
         finally:
             connection.close()
 
@@ -233,6 +227,11 @@ class WorkerPool:
             with self._cond:
                 self._cond.notify_all()
         return lane.body_since
+
+    def _leave_body(self, lane: _Lane, began: float) -> None:
+        """The body is over: its duration goes into the moving average that sizes the claims."""
+        lane.body_since = None
+        self._body_seconds = 0.8 * self._body_seconds + 0.2 * (time.monotonic() - began)
 
     def _perform(
         self, step: WorkflowStep, chain: Chain, verify: bool, lane: _Lane
@@ -246,25 +245,30 @@ class WorkerPool:
             self._lost([step])
             return None
         finally:
-            lane.body_since = None
-        self._body_seconds = 0.8 * self._body_seconds + 0.2 * (time.monotonic() - began)
+            self._leave_body(lane, began)
         if isinstance(done, tuple):
             return done
         self.hand_out(chain.take(), verify=False, lane=lane)  # an atomic step's next step
         self._release([step])
         return None
 
-    def _apply(self, performed: list[tuple[WorkflowStep, StepOutcome]], chain: Chain, lane: _Lane) -> None:
-        """Write the outcomes together; the steps their transaction claimed go to ``lane``."""
-        steps = [step for step, _ in performed]
-        try:
-            apply_outcomes(performed, chain)
-        except Exception:
-            logger.exception("The outcomes of %d step(s) could not be written", len(steps))
-            self._lost(steps)
-            return
-        self.hand_out(chain.take(), verify=False, lane=lane)
-        self._release(steps)
+    def _write(self, batch: _Batch, chain: Chain, lane: _Lane) -> None:
+        """Write the batch (one transaction for the steps, one for the jobs); what their
+        transactions claimed for this worker goes to ``lane``."""
+        for works, write in (
+            (batch.steps, lambda: apply_outcomes(batch.performed, chain)),
+            (batch.jobs, lambda: record_job_ends(batch.ends, chain)),
+        ):
+            if not works:
+                continue
+            try:
+                write()
+            except Exception:
+                logger.exception("The ends of %d claimed step(s) or job(s) could not be written", len(works))
+                self._lost(works)
+                continue
+            self.hand_out(chain.take(), verify=False, lane=lane)
+            self._release(works)
 
     def _lost(self, works: Sequence[Work]) -> None:
         """Give up claims whose end could not be written: the orphan recovery stalls them."""
@@ -272,24 +276,47 @@ class WorkerPool:
         self._release(works)
         self._on_lost()
 
-    def _run_job(self, job: FanOutJob, chain: Chain, lane: _Lane) -> None:
-        """Run a claimed job, then the next ones claimed with each job's end."""
-        current: FanOutJob | None = job
+    def _run_job(self, job: FanOutJob, lane: _Lane) -> JobEnd:
+        """Call a claimed job's function (its end is written with the batch)."""
+        began = self._enter_body(lane)
         try:
-            while current is not None:
-                self._enter_body(lane)
-                try:
-                    execute_job(current, chain=chain)
-                except Exception:
-                    logger.exception(
-                        "Fan-out job %s #%s of run %s could not be finished",
-                        current.function,
-                        current.index,
-                        current.run_id,
-                    )
-                    connection.close()
-                    return
-                current, chain.next_job = chain.next_job, None
+            return run_job(job)
         finally:
-            lane.body_since = None
-            self._release([job])
+            self._leave_body(lane, began)
+
+
+class _Batch:
+    """What a worker ran and has not written yet: steps' outcomes and jobs' ends."""
+
+    def __init__(self) -> None:
+        self.performed: list[tuple[WorkflowStep, StepOutcome]] = []
+        self.ends: list[JobEnd] = []
+        self._opened = 0.0
+
+    @property
+    def steps(self) -> list[WorkflowStep]:
+        return [step for step, _ in self.performed]
+
+    @property
+    def jobs(self) -> list[FanOutJob]:
+        return [end.job for end in self.ends]
+
+    def add_step(self, performed: tuple[WorkflowStep, StepOutcome] | None) -> None:
+        if performed is not None:
+            self._open()
+            self.performed.append(performed)
+
+    def add_job(self, end: JobEnd) -> None:
+        self._open()
+        self.ends.append(end)
+
+    def _open(self) -> None:
+        if not self:
+            self._opened = time.monotonic()
+
+    def age(self) -> float:
+        """Seconds since the first end still unwritten (0 when empty)."""
+        return time.monotonic() - self._opened if self else 0.0
+
+    def __len__(self) -> int:
+        return len(self.performed) + len(self.ends)

@@ -15,14 +15,16 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from pgbus_workflows import rows
+from pgbus_workflows import Job, Workflow, fan_out, rows, step
 from pgbus_workflows.checks import check_settings
-from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services import outcome as outcome_module
 from pgbus_workflows.services.claims import claim_due_steps, still_in_progress
-from pgbus_workflows.services.executor import Chain, apply_outcomes, perform_step
+from pgbus_workflows.services.executor import Chain, apply_outcomes, execute_step, perform_step
+from pgbus_workflows.services.fanout import claim_due_jobs, record_job_ends, run_job
 from pgbus_workflows.workers import WorkerPool
 from tests.procs import eventually
+from tests.testapp.jobs import fail_on, nothing
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import Counted, NoOp3, Slow
 from tests.threads import Worker
@@ -274,3 +276,76 @@ def test_idle_workers_take_the_work_queued_behind_a_slow_body():
     firsts = list(SideEffect.objects.filter(label="first"))
     assert len(firsts) == 5
     assert all(effect.created_at < slow_end for effect in firsts), "a quick step waited for the slow body"
+
+
+# -- fan-out jobs: their ends are written in batches too -------------------------------------------
+
+
+class FanMixed(Workflow):
+    """Jobs returning None, squares and one failing job (retried once), then a step reading them."""
+
+    name = "batch_fan_mixed"
+
+    @fan_out(max_attempts=2)
+    def spread(self):
+        count = self.arguments.get("count", 3)
+        bad = self.arguments.get("bad", [])
+        return [Job(nothing, i) for i in range(count)] + [Job(fail_on, n, bad) for n in range(count)]
+
+    @step
+    def after(self):
+        return {"results": list(self.fan_out_results("spread"))}
+
+
+def open_fan_out(**arguments):
+    wf = FanMixed.start(**arguments)
+    (claimed,) = claim_due_steps(1, claimed_by="w")
+    execute_step(claimed)
+    return wf, WorkflowStep.objects.get(run=wf.record, step_name="spread")
+
+
+def test_the_ends_of_many_jobs_are_written_together_and_the_fan_out_resolves_once():
+    wf, spread = open_fan_out(count=3)
+    claimed = claim_due_jobs(100, claimed_by="w")
+    assert len(claimed) == 6
+
+    statuses = record_job_ends([run_job(job) for job in claimed], Chain("w"))
+
+    assert statuses == ["succeeded"] * 6
+    jobs = list(FanOutJob.objects.filter(step=spread).order_by("index"))
+    assert [j.result for j in jobs] == [None, None, None, 0, 1, 2]
+    assert all(j.stall_at is None and j.finished_at is not None for j in jobs)
+    spread.refresh_from_db()
+    assert spread.output == {"total": 6, "succeeded": 6, "failed": 0}
+    assert transitions(wf.record).count("resolve") == 1
+    assert WorkflowStep.objects.get(run=wf.record, step_name="after").status == "scheduled"
+
+
+def test_a_failing_job_in_a_batch_is_retried_and_a_job_put_back_meanwhile_is_left_alone():
+    wf, spread = open_fan_out(count=2, bad=[1])
+    claimed = claim_due_jobs(100, claimed_by="w")
+    ends = [run_job(job) for job in claimed]
+    put_back = claimed[0]
+    FanOutJob.objects.filter(pk=put_back.pk).update(status="pending", claimed_by="")  # as the recovery does
+
+    statuses = record_job_ends(ends)  # no chain: nothing is claimed again
+
+    by_index = dict(zip([job.index for job in claimed], statuses, strict=True))
+    assert by_index == {0: "", 1: "succeeded", 2: "succeeded", 3: "pending"}
+    retried = FanOutJob.objects.get(step=spread, index=3)
+    assert retried.status == "pending" and "fails on purpose" in retried.error
+    assert FanOutJob.objects.get(pk=put_back.pk).status == "pending"  # not overwritten
+    assert wf.reload().status == "waiting"
+
+
+def test_the_pool_writes_jobs_ends_in_batches_and_the_run_moves_on():
+    wf, spread = open_fan_out(count=20)
+    claimed = claim_due_jobs(100, claimed_by="w")
+
+    run_pool(claimed, size=2, verify=False)
+
+    assert set(FanOutJob.objects.filter(step=spread).values_list("status", flat=True)) == {"succeeded"}
+    spread.refresh_from_db()
+    assert spread.output == {"total": 40, "succeeded": 40, "failed": 0}
+    assert WorkflowStep.objects.get(run=wf.record, step_name="after").status == "scheduled"
+    assert SideEffect.objects.filter(label="fail_on").count() == 20  # each job ran once

@@ -44,15 +44,16 @@ class Chain:
     claimed_by: str
     queues: frozenset[str] | None = None
     next_steps: list[WorkflowStep] = field(default_factory=list)
-    #: The fan-out job claimed with the end of the previous one (services.fanout.execute_job).
-    next_job: FanOutJob | None = None
+    #: The fan-out jobs claimed with the ends of the previous ones (services.fanout.record_job_ends).
+    next_jobs: list[FanOutJob] = field(default_factory=list)
     #: Set when the worker stops taking work (a dispatcher shutting down).
     stop: threading.Event | None = None
 
-    def take(self) -> list[WorkflowStep]:
-        """The chained steps (already claimed), once."""
-        steps, self.next_steps = self.next_steps, []
-        return steps
+    def take(self) -> list[WorkflowStep | FanOutJob]:
+        """The chained steps and jobs (already claimed), once."""
+        work: list[WorkflowStep | FanOutJob] = [*self.next_steps, *self.next_jobs]
+        self.next_steps, self.next_jobs = [], []
+        return work
 
 
 def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed_by: str = "") -> int:

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
+from .. import rows
 from ..conf import settings
 from ..definitions import resolve_job, resolve_wait
 from ..exceptions import FanOutFailed
@@ -69,50 +72,110 @@ def claim_job(job_pk: int, claimed_by: str = "") -> FanOutJob | None:
 
 
 def _start(ids: list[int], now: datetime, claimed_by: str) -> list[FanOutJob]:
+    """Move the locked pending jobs to running (one statement on PostgreSQL), in claim order."""
     if not ids:
         return []
-    jobs = list(FanOutJob.objects.select_related("step", "run").filter(pk__in=ids, status=JobStatus.PENDING))
-    for job in jobs:
-        job.status = JobStatus.RUNNING
-        job.attempts += 1
-        job.started_at = now
-        job.claimed_by = claimed_by
-        job.stall_at = now + (job.step.timeout or settings.STALL_THRESHOLD)
-    FanOutJob.objects.bulk_update(jobs, ["status", "attempts", "started_at", "claimed_by", "stall_at"])
-    return jobs
+    if connection.vendor != "postgresql":
+        jobs = list(FanOutJob.objects.select_related("step").filter(pk__in=ids, status=JobStatus.PENDING))
+        for job in jobs:
+            job.status = JobStatus.RUNNING
+            job.attempts += 1
+            job.started_at = now
+            job.claimed_by = claimed_by
+            job.stall_at = now + (job.step.timeout or settings.STALL_THRESHOLD)
+        FanOutJob.objects.bulk_update(jobs, ["status", "attempts", "started_at", "claimed_by", "stall_at"])
+    else:
+        with rows.pipeline() as cursor:
+            cursor.execute(_START, [now, claimed_by, now, settings.STALL_THRESHOLD, ids], prepare=True)
+            jobs = [rows.from_row(FanOutJob, row) for row in cursor.fetchall()]
+    order = {pk: n for n, pk in enumerate(ids)}
+    return sorted(jobs, key=lambda job: order[job.pk])
+
+
+_START = (
+    f"UPDATE {_JOBS} j SET status = 'running', attempts = j.attempts + 1, started_at = %s, claimed_by = %s, "  # noqa: S608
+    f"stall_at = %s + COALESCE(s.timeout, %s) FROM {_STEPS} s "
+    f"WHERE j.id = ANY(%s) AND j.status = 'pending' AND s.id = j.step_id "
+    f"RETURNING {', '.join('j.' + rows.quote(f.column) for f in FanOutJob._meta.concrete_fields)}"
+)
+
+
+@dataclass
+class JobEnd:
+    """How one attempt of a job ended: its encoded result, or the formatted error."""
+
+    job: FanOutJob
+    result: Any = None
+    error: str | None = None
 
 
 def execute_job(job: FanOutJob, *, chain: Chain | None = None) -> str:
     """Run a claimed job and record how it ended; resolve the step when it was the last. Returns the status.
 
     With a ``chain``, the transaction that records the end also claims this worker's next
-    due job (``chain.next_job``): one commit per job. Recording is retried when the
-    database connection drops, so a job that ran is not left running.
+    due job (``chain.next_jobs``). Recording is retried when the database connection drops,
+    so a job that ran is not left running.
     """
-    error_text: str | None = None
-    result: Any = None
+    return record_job_ends([run_job(job)], chain)[0]
+
+
+def run_job(job: FanOutJob) -> JobEnd:
+    """Call a claimed job's function; never raises (an error is kept in the ``JobEnd``)."""
     try:
         function = resolve_job(job.function)
         value = function(*job.arguments.get("args", []), **job.arguments.get("kwargs", {}))
-        result = encode_payload(value, f"result of job {job.function} #{job.index}")
+        return JobEnd(job, result=encode_payload(value, f"result of job {job.function} #{job.index}"))
     except Exception as error:
-        error_text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        return JobEnd(job, error="".join(traceback.format_exception(type(error), error, error.__traceback__)))
 
-    def record() -> str:
+
+def record_job_ends(ends: Sequence[JobEnd], chain: Chain | None = None) -> list[str]:
+    """Record several jobs' ends in one transaction; resolve each fan-out whose last job ended.
+
+    Returns each job's status: succeeded, failed, pending (retried after its backoff), or
+    "" when its attempt was no longer running (cancelled or put back meanwhile). With a
+    ``chain``, the same transaction claims as many due jobs for this worker.
+    """
+
+    def record() -> list[str]:
         with transaction.atomic():
-            if error_text is not None:
-                status = _fail(job, error_text)
-            else:
-                status = JobStatus.SUCCEEDED if _finish(job, JobStatus.SUCCEEDED, result=result) else ""
+            succeeded = _finish_many([end for end in ends if end.error is None])
+            statuses = [
+                _fail(end.job, end.error) if end.error is not None else succeeded.get(end.job.pk, "") for end in ends
+            ]
             if chain is not None and not (chain.stop is not None and chain.stop.is_set()):
-                claimed = claim_due_jobs(1, chain.queues, chain.claimed_by)
-                chain.next_job = claimed[0] if claimed else None
-        return status
+                chain.next_jobs = claim_due_jobs(len(ends), chain.queues, chain.claimed_by)
+        return statuses
 
-    status = with_reconnect(record)
-    if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-        with_reconnect(lambda: resolve_if_done(job.step_id, job.run_id))
-    return status
+    statuses = with_reconnect(record)
+    ended = {(end.job.step_id, end.job.run_id) for end, status in zip(ends, statuses, strict=True) if status in _FINAL}
+    for step_pk, run_pk in sorted(ended):
+        with_reconnect(partial(resolve_if_done, step_pk, run_pk))
+    return statuses
+
+
+_FINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+
+
+def _finish_many(ends: list[JobEnd]) -> dict[int, str]:
+    """Record succeeded attempts still running (one statement); ``{job pk: "succeeded"}`` for those."""
+    if not ends:
+        return {}
+    if connection.vendor != "postgresql" or len(ends) == 1:
+        return {e.job.pk: JobStatus.SUCCEEDED for e in ends if _finish(e.job, JobStatus.SUCCEEDED, result=e.result)}
+    result_field = FanOutJob._meta.get_field("result")
+    results = [result_field.get_db_prep_save(end.result, connection) for end in ends]
+    with rows.pipeline() as cursor:
+        params = [timezone.now(), [e.job.pk for e in ends], [e.job.attempts for e in ends], results]
+        cursor.execute(_SUCCEEDED, params, prepare=True)
+        return {pk: JobStatus.SUCCEEDED for (pk,) in cursor.fetchall()}
+
+
+_SUCCEEDED = (
+    f"UPDATE {_JOBS} j SET status = 'succeeded', finished_at = %s, stall_at = NULL, result = v.result "  # noqa: S608
+    "FROM unnest(%b::bigint[], %b::integer[], %b::jsonb[]) AS v(id, attempts, result) "
+    "WHERE j.id = v.id AND j.status = 'running' AND j.attempts = v.attempts RETURNING j.id"
+)
 
 
 def _finish(job: FanOutJob, status: str, **fields: Any) -> bool:

@@ -28,13 +28,13 @@ _PLAIN = (
     models.DateTimeField,
 )
 _sql: dict[tuple[Any, ...], str] = {}
-_preparers: dict[tuple[type[Model], str, int], Prepare] = {}
+_preparers: dict[tuple[type[Model], str, str], Prepare] = {}
 _relations: dict[type[Model], list[Field[Any, Any]]] = {}
 
 
 def _preparer(model: type[Model], field: Field[Any, Any]) -> Prepare:
     """What turns the attribute value of ``field`` into the value sent (``get_db_prep_save``)."""
-    key = (model, field.attname, id(connection))
+    key = (model, field.attname, connection.vendor)
     prepare = _preparers.get(key)
     if prepare is None:
         target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]

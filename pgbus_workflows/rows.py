@@ -20,7 +20,7 @@ M = TypeVar("M", bound=Model)
 N = TypeVar("N", bound=Model)
 _statements: dict[tuple[Any, ...], str] = {}
 _defaults: dict[type[Model], list[tuple[str, Any, Any]]] = {}
-_converters: dict[tuple[type[Model], int], list[tuple[str, Any, list[Any]]]] = {}
+_converters: dict[tuple[type[Model], str], list[tuple[str, Any, list[Any]]]] = {}
 
 
 def quote(name: str | None) -> str:
@@ -175,14 +175,14 @@ def _columns(model: type[Model]) -> str:
 
 def from_row(model: type[M], row: Sequence[Any]) -> M:
     """A model instance from raw column values (all concrete fields), converted as the ORM would."""
-    columns = _converters.get((model, id(connection)))
+    columns = _converters.get((model, connection.vendor))
     if columns is None:
         columns = []
         for field in model._meta.concrete_fields:
             column = field.get_col(model._meta.db_table)
             converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
             columns.append((field.attname, column, converters))
-        _converters[(model, id(connection))] = columns  # per connection: converters are bound to it
+        _converters[(model, connection.vendor)] = columns  # converters take the connection as an argument
     instance = model.__new__(model)
     values = instance.__dict__
     for (attname, column, converters), value in zip(columns, row, strict=True):

@@ -8,38 +8,17 @@ body (run by the executor) it also answers the step-only readers and verbs.
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .definitions import OnException, StepDefinition, coerce_duration, ordered_steps, with_name
-from .exceptions import ConfigurationError, NotInStep, StepNotDefined
+from .definitions import OnException, StepDefinition, ordered_steps, with_name
+from .exceptions import ConfigurationError, StepNotDefined
 from .registry import registry
+from .step_body import FlowControl, StepBody, StepContext
 
 if TYPE_CHECKING:
     from django.db.models import Model, QuerySet
 
-    from .models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-
-
-class FlowControl(BaseException):
-    """Raised by the step verbs to end a body at once; a BaseException so ``except Exception`` misses it."""
-
-    def __init__(self, kind: str, *, wait: Any = None, reason: str | None = None, value: Any = None) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.wait = wait
-        self.reason = reason
-        self.value = value
-
-
-@dataclass
-class StepContext:
-    """What the executor tells the instance about the attempt it is running."""
-
-    step: WorkflowStep
-    received_signal: WorkflowSignal | None = None
-    timed_out: bool = False
+    from .models import WorkflowEvent, WorkflowRun, WorkflowSignal
 
 
 class _StepNamespace(dict[str, Any]):
@@ -109,7 +88,7 @@ def _validate(cls: type) -> None:
         raise ConfigurationError(f"{cls.__qualname__}.name must be a non-empty string of at most 255 characters")
 
 
-class Workflow(metaclass=WorkflowMeta):
+class Workflow(StepBody, metaclass=WorkflowMeta):
     """Subclass it, declare ``@step`` methods, call ``start()``. See the README."""
 
     #: Stable name stored in rows; defaults to "module.QualName".
@@ -399,52 +378,9 @@ class Workflow(metaclass=WorkflowMeta):
         self._outputs = None
         return self
 
-    # -- inside a step body ----------------------------------------------------------------------
-
-    def _step_context(self, what: str) -> StepContext:
-        if self._context is None:
-            raise NotInStep(f"{what} is only available inside a running step body")
-        return self._context
-
-    @property
-    def step_idempotency_key(self) -> str:
-        """A key stable across the reattempts of this step in this run."""
-        step = self._step_context("step_idempotency_key").step
-        return f"{self.record.workflow_id}:{step.step_name}"
-
-    @property
-    def attempt(self) -> int:
-        """The 1-based attempt number of the running step."""
-        return self._step_context("attempt").step.attempt
-
-    @property
-    def received_signal(self) -> WorkflowSignal | None:
-        """The signal that woke this ``wait_for`` step (None when its wait timed out)."""
-        return self._step_context("received_signal").received_signal
-
-    @property
-    def timed_out(self) -> bool:
-        """True when this ``wait_for`` step runs because its ``wait_timeout`` passed."""
-        return self._step_context("timed_out").timed_out
-
     def fan_out_results(self, step_name: str) -> Iterator[Any]:
         """The job results of this run's latest fan-out ``step_name``, in job order (an iterator)."""
         from .services.fanout import results
 
         self.require_step(step_name)
         return results(self.record, step_name)
-
-    def reattempt(self, wait: timedelta | float | None = None) -> None:
-        """End the body and run this step again after ``wait`` (does not count as an error)."""
-        self._step_context("reattempt()")
-        raise FlowControl("reattempt", wait=coerce_duration(wait or 0, "reattempt(wait=)"))
-
-    def finished(self) -> None:
-        """End the body and finish the run now; later steps do not run."""
-        self._step_context("finished()")
-        raise FlowControl("finished")
-
-    def output(self, value: Any) -> None:
-        """End the body with ``value`` as its JSON output (the same as returning it)."""
-        self._step_context("output()")
-        raise FlowControl("output", value=value)

@@ -13,10 +13,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from .. import rows
 from ..conf import settings
 from ..models import WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
-from .ledger import RunLedger, locked_steps
+from .ledger import RunLedger, locked_step, locked_steps
 
 
 def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by: str = "") -> list[WorkflowStep]:
@@ -126,3 +127,18 @@ def still_in_progress(step_pks: Sequence[int]) -> set[int]:
 
 
 _IN_PROGRESS = f"SELECT id FROM {_STEPS} WHERE id = ANY(%s) AND status = %s"  # noqa: S608
+
+
+def heartbeat(step: WorkflowStep) -> bool:
+    """Push a running attempt's ``stall_at`` to now + its timeout (or ``STALL_THRESHOLD``).
+
+    Under the run lock, like the sweep that would stall it; False (and nothing written)
+    when the attempt is no longer in progress.
+    """
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return False
+        locked.stall_at = ledger.now + (locked.timeout or settings.STALL_THRESHOLD)
+        rows.update(locked, ["stall_at"])
+    step.stall_at = locked.stall_at
+    return True

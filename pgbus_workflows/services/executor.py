@@ -21,7 +21,8 @@ from ..definitions import Job
 from ..exceptions import StepNotDefined
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from ..states import StepStatus
-from ..workflow import FlowControl, StepContext, Workflow
+from ..step_body import FlowControl, StepContext
+from ..workflow import Workflow
 from . import waiting
 from .claims import claim_due_steps, still_in_progress
 from .ledger import locked_step, locked_steps, workflow_class

@@ -1,0 +1,97 @@
+"""What a step body can read and do on ``self``: the attempt, its signal, and the verbs that end it.
+
+``Workflow`` inherits these; they raise ``NotInStep`` outside a running body. The verbs end
+the body by raising :class:`FlowControl`, which the executor turns into the step's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .definitions import coerce_duration
+from .exceptions import NotInStep
+
+if TYPE_CHECKING:
+    from .models import WorkflowRun, WorkflowSignal, WorkflowStep
+
+
+class FlowControl(BaseException):
+    """Raised by the step verbs to end a body at once; a BaseException so ``except Exception`` misses it."""
+
+    def __init__(self, kind: str, *, wait: Any = None, reason: str | None = None, value: Any = None) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.wait = wait
+        self.reason = reason
+        self.value = value
+
+
+@dataclass
+class StepContext:
+    """What the executor tells the instance about the attempt it is running."""
+
+    step: WorkflowStep
+    received_signal: WorkflowSignal | None = None
+    timed_out: bool = False
+
+
+class StepBody:
+    """The step-body half of ``Workflow`` (see the module docstring)."""
+
+    record: WorkflowRun
+    _context: StepContext | None
+
+    def _step_context(self, what: str) -> StepContext:
+        if self._context is None:
+            raise NotInStep(f"{what} is only available inside a running step body")
+        return self._context
+
+    @property
+    def step_idempotency_key(self) -> str:
+        """A key stable across the reattempts of this step in this run."""
+        step = self._step_context("step_idempotency_key").step
+        return f"{self.record.workflow_id}:{step.step_name}"
+
+    @property
+    def attempt(self) -> int:
+        """The 1-based attempt number of the running step."""
+        return self._step_context("attempt").step.attempt
+
+    @property
+    def received_signal(self) -> WorkflowSignal | None:
+        """The signal that woke this ``wait_for`` step (None when its wait timed out)."""
+        return self._step_context("received_signal").received_signal
+
+    @property
+    def timed_out(self) -> bool:
+        """True when this ``wait_for`` step runs because its ``wait_timeout`` passed."""
+        return self._step_context("timed_out").timed_out
+
+    def reattempt(self, wait: timedelta | float | None = None) -> None:
+        """End the body and run this step again after ``wait`` (does not count as an error)."""
+        self._step_context("reattempt()")
+        raise FlowControl("reattempt", wait=coerce_duration(wait or 0, "reattempt(wait=)"))
+
+    def finished(self) -> None:
+        """End the body and finish the run now; later steps do not run."""
+        self._step_context("finished()")
+        raise FlowControl("finished")
+
+    def output(self, value: Any) -> None:
+        """End the body with ``value`` as its JSON output (the same as returning it)."""
+        self._step_context("output()")
+        raise FlowControl("output", value=value)
+
+    def heartbeat(self) -> bool:
+        """Tell the sweep this attempt is alive: its ``stall_at`` moves to now + its timeout.
+
+        For a body that runs longer than ``STALL_THRESHOLD`` (or its ``timeout=``) on
+        purpose: call it now and then, and the sweep will not take it for hung. Returns
+        False when the attempt is no longer in progress (stalled or cancelled meanwhile):
+        its outcome will be discarded, so the body may stop.
+        """
+        from .services.claims import heartbeat
+
+        return heartbeat(self._step_context("heartbeat()").step)

@@ -52,6 +52,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         value = raw.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(_error(key, f"must be a positive integer, got {value!r}", "E006"))
+    stalls = raw.get("MAX_STALLS", 0)
+    if stalls is not None and (isinstance(stalls, bool) or not isinstance(stalls, int) or stalls < 0):
+        errors.append(_error("MAX_STALLS", f"must be an integer >= 0 or None, got {stalls!r}", "E009"))
     for key in _NON_EMPTY_STRINGS:
         value = raw.get(key, "x")
         if not isinstance(value, str) or not value:

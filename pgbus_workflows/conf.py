@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
     "NOTIFY_CHANNEL": "pgbus_workflows",
     "AUTODISCOVER_MODULE": "workflows",
     "BATCH_SIZE": 100,
+    "MAX_STALLS": 5,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` (keep forever).
@@ -70,6 +71,7 @@ class WorkflowSettings:
     NOTIFY_CHANNEL: str
     AUTODISCOVER_MODULE: str | None
     BATCH_SIZE: int
+    MAX_STALLS: int | None
 
     def user_values(self) -> dict[str, Any]:
         """The raw dict the project set (empty when it set none)."""

@@ -54,13 +54,15 @@ def test_once_drains_what_is_due_and_exits_zero(dispatchers):
 
 
 def test_two_dispatchers_finish_every_run_and_no_step_runs_twice(dispatchers):
-    runs = [Counted.start() for _ in range(60)]
+    # Bodies of 0.1 s: one dispatcher alone would need 2 s, so the second one takes part (quick
+    # steps would all be batched by whichever dispatcher claimed first).
+    runs = [Slow.start(seconds=0.1) for _ in range(60)]
     first = dispatchers("--concurrency", "3", settings=FAST)
     second = dispatchers("--concurrency", "3", settings=FAST)
 
     eventually(all_finished(60), what="60 finished runs")
 
-    keys = Counter(SideEffect.objects.values_list("key", flat=True))
+    keys = Counter(SideEffect.objects.values_list("label", "key"))
     assert len(keys) == 180 and set(keys.values()) == {1}, "a step attempt ran twice"
     claimers = set(WorkflowStep.objects.values_list("claimed_by", flat=True))
     assert len(claimers) == 2, f"both dispatchers should have worked: {claimers}"

@@ -68,7 +68,9 @@ def test_two_dispatchers_drain_a_300_job_fan_out_and_every_job_runs_once(dispatc
     second = dispatchers("--concurrency", "3", settings=FAST)
     eventually(lambda: Dispatcher.objects.count() == 2, what="both dispatchers to register")
 
-    wf = FanDrain.start(count=300)
+    # Jobs of 10 ms: one dispatcher alone would need a second, so both take part (quick jobs
+    # would all be batched by whichever dispatcher claimed first).
+    wf = FanDrain.start(count=300, job_seconds=0.01)
     eventually(finished(wf), timeout=45, what="the 300-job fan-out to drain")
 
     keys = Counter(SideEffect.objects.filter(label="fan-job").values_list("key", flat=True))

@@ -1,5 +1,6 @@
 """The sweep phases, run in-process: retention, stalls, the gauge, one sweeper at a time."""
 
+import time
 from datetime import timedelta
 
 import psycopg
@@ -9,6 +10,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from pgbus_workflows import signals
+from pgbus_workflows.checks import check_settings
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
@@ -149,3 +151,61 @@ def test_stall_action_cancel():
 
     assert wf.reload().status == "cancelled"
     assert WorkflowEvent.objects.get(run=wf.record, kind="step_stalled").details["action"] == "cancel"
+
+
+def stall_once(wf):
+    """Claim the run's due step, let its (tiny) stall threshold pass, and sweep."""
+    (claimed,) = claim_due_steps(1, claimed_by="crashes-every-time")
+    assert claimed.run_id == wf.record.pk
+    time.sleep(0.1)
+    Sweeper().run()
+
+
+@override_settings(PGBUS_WORKFLOWS={"STALL_THRESHOLD": 0.05, "MAX_STALLS": 2})
+def test_a_step_that_stalls_after_max_stalls_in_a_row_pauses_the_run_instead_of_looping():
+    wf = Counted.start()
+    stall_once(wf)
+    stall_once(wf)
+    assert wf.reload().status == "ready"  # two stalls: reattempted each time
+
+    stall_once(wf)
+
+    assert wf.reload().status == "paused"
+    assert "3 stalled attempts in a row" in wf.record.paused_reason
+    last = WorkflowEvent.objects.filter(run=wf.record, kind="step_stalled").order_by("pk").last()
+    assert (last.details["action"], last.details["stalls_exhausted"]) == ("pause", 2)
+    attempts = WorkflowStep.objects.filter(run=wf.record).order_by("pk")
+    assert [(a.attempt, a.outcome, a.reattempt_reason) for a in attempts] == [
+        (1, "stalled", "stall"),
+        (2, "stalled", "stall"),
+        (3, "stalled", ""),
+    ]
+
+    wf.resume(actor="ops", reason="fixed the crash")
+    stall_once(wf)
+
+    assert wf.reload().status == "ready", "a resumed run starts a new count"
+    assert WorkflowStep.objects.filter(run=wf.record, outcome="stalled").count() == 4
+
+
+@override_settings(PGBUS_WORKFLOWS={"STALL_THRESHOLD": 0.05, "MAX_STALLS": None})
+def test_max_stalls_none_reattempts_for_ever():
+    wf = Counted.start()
+    for _ in range(4):
+        stall_once(wf)
+    assert wf.reload().status == "ready"
+    assert WorkflowStep.objects.filter(run=wf.record, outcome="stalled", reattempt_reason="stall").count() == 4
+
+
+@pytest.mark.parametrize("value", [-1, "5", True, 2.5])
+def test_max_stalls_must_be_a_count_or_none(value):
+    with override_settings(PGBUS_WORKFLOWS={"MAX_STALLS": value}):
+        errors = check_settings()
+    assert [e.id for e in errors] == ["pgbus_workflows.E009"]
+    assert "MAX_STALLS" in errors[0].msg
+
+
+@pytest.mark.parametrize("value", [None, 0, 7])
+def test_max_stalls_accepts_none_and_counts(value):
+    with override_settings(PGBUS_WORKFLOWS={"MAX_STALLS": value}):
+        assert check_settings() == []

@@ -21,6 +21,8 @@ from .ledger import RunLedger
 
 #: Why an attempt was reattempted; only the error reasons count towards max_reattempts.
 ERROR_REATTEMPT_REASONS = ("exception_policy", "precondition")
+#: The reattempt reason of an attempt stalled and run again (they count towards MAX_STALLS).
+STALL_REATTEMPT = "stall"
 
 OUTCOME_KINDS = ("success", "finished", "reattempt", "skip", "pause", "cancel", "error", "fan_out")
 
@@ -222,6 +224,24 @@ def consecutive_error_reattempts(step: WorkflowStep) -> int:
     return count
 
 
+def consecutive_stalls(step: WorkflowStep) -> int:
+    """Attempts of this step stalled and reattempted right before ``step``.
+
+    A stall that paused the run ends the count: a run resumed by an operator starts afresh.
+    """
+    attempts = (
+        WorkflowStep.objects.filter(run_id=step.run_id, step_name=step.step_name, pk__lt=step.pk)
+        .order_by("-pk")
+        .values_list("outcome", "reattempt_reason")
+    )
+    count = 0
+    for outcome, reason in attempts.iterator():
+        if outcome != StepOutcomeKind.STALLED or reason != STALL_REATTEMPT:
+            break
+        count += 1
+    return count
+
+
 def _error_details(outcome: StepOutcome) -> dict[str, Any]:
     if outcome.error is None:
         return {}
@@ -287,6 +307,8 @@ def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str) -> None
     The attempt fails with :class:`StepStalled` recorded (outcome ``stalled``, which ends
     a run of error reattempts); ``reattempt`` schedules the step again now, ``pause`` and
     ``cancel`` stop the run. A body still running somewhere has its late outcome discarded.
+    A step stalled again after ``MAX_STALLS`` stalled attempts in a row (one that crashes
+    its dispatcher every time) pauses the run instead of looping.
     """
     action = settings.STALL_ACTION
     since = step.started_at.isoformat() if step.started_at else "?"
@@ -294,22 +316,30 @@ def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str) -> None
         f"Step {step.step_name} attempt {step.attempt} (claimed by {step.claimed_by or '?'} at {since}) "
         f"stalled: {detection}"
     )
+    reason = str(error)
+    details: dict[str, Any] = {"detection": detection, "action": action, "claimed_by": step.claimed_by}
+    definition = ledger.cls.step_definition(step.step_name)
+    if action == "reattempt" and definition is None:
+        action = details["action"] = "pause"
+    streak = consecutive_stalls(step)
+    limit = settings.MAX_STALLS
+    if action == "reattempt" and limit is not None and streak >= limit:
+        action = details["action"] = "pause"
+        details["stalls_exhausted"] = streak
+        reason = f"{error} ({streak + 1} stalled attempts in a row)"
     ledger.move_step(
         step,
         StepStatus.FAILED,
         outcome=StepOutcomeKind.STALLED,
+        reattempt_reason=STALL_REATTEMPT if action == "reattempt" else "",
         error_class=_class_name(error),
         error_message=str(error),
     )
-    details = {"detection": detection, "action": action, "claimed_by": step.claimed_by}
-    if action == "reattempt":
-        definition = ledger.cls.step_definition(step.step_name)
-        if definition is not None:
-            ledger.schedule(definition, wait=timedelta(0), attempt=step.attempt + 1, retry_of=step)
-            _advance(ledger, step, kind="step_stalled", details=details)
-            return
-        action = "pause"
+    if action == "reattempt" and definition is not None:
+        ledger.schedule(definition, wait=timedelta(0), attempt=step.attempt + 1, retry_of=step)
+        _advance(ledger, step, kind="step_stalled", details=details)
+        return
     if action == "cancel":
         ledger.transition("cancel", RunStatus.CANCELLED, kind="step_stalled", step=step, details=details)
     else:
-        _pause(ledger, step, "hold", kind="step_stalled", reason=str(error), details=details)
+        _pause(ledger, step, "hold", kind="step_stalled", reason=reason, details=details)

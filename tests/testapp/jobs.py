@@ -28,8 +28,12 @@ def noop(i: int) -> int:
     return i
 
 
-def record_job(key: str) -> str:
-    """Record one run of the job (a SideEffect keyed ``key``): duplicates would show."""
+def record_job(key: str, seconds: float = 0) -> str:
+    """Record one run of the job (a SideEffect keyed ``key``) after ``seconds``: duplicates would show."""
+    if seconds:
+        import time
+
+        time.sleep(seconds)
     SideEffect.objects.create(label="fan-job", key=key)
     return key
 

@@ -172,7 +172,8 @@ class FanDrain(Workflow):
     def drain(self):
         from .jobs import record_job
 
-        return [Job(record_job, f"drain-{i}") for i in range(self.arguments.get("count", 300))]
+        seconds = self.arguments.get("job_seconds", 0)
+        return [Job(record_job, f"drain-{i}", seconds) for i in range(self.arguments.get("count", 300))]
 
     @step
     def after(self):

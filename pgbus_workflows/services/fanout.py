@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from django.db import connection, transaction
@@ -86,18 +86,21 @@ def _start(ids: list[int], now: datetime, claimed_by: str) -> list[FanOutJob]:
         FanOutJob.objects.bulk_update(jobs, ["status", "attempts", "started_at", "claimed_by", "stall_at"])
     else:
         with rows.pipeline() as cursor:
-            cursor.execute(_START, [now, claimed_by, now, settings.STALL_THRESHOLD, ids], prepare=True)
+            cursor.execute(_start_sql(), [now, claimed_by, now, settings.STALL_THRESHOLD, ids], prepare=True)
             jobs = [rows.from_row(FanOutJob, row) for row in cursor.fetchall()]
     order = {pk: n for n, pk in enumerate(ids)}
     return sorted(jobs, key=lambda job: order[job.pk])
 
 
-_START = (
-    f"UPDATE {_JOBS} j SET status = 'running', attempts = j.attempts + 1, started_at = %s, claimed_by = %s, "  # noqa: S608
-    f"stall_at = %s + COALESCE(s.timeout, %s) FROM {_STEPS} s "
-    f"WHERE j.id = ANY(%s) AND j.status = 'pending' AND s.id = j.step_id "
-    f"RETURNING {', '.join('j.' + rows.quote(f.column) for f in FanOutJob._meta.concrete_fields)}"
-)
+@cache
+def _start_sql() -> str:
+    """The claim of locked pending jobs, returning their rows (built on first use, not at import)."""
+    columns = ", ".join("j." + rows.quote(f.column) for f in FanOutJob._meta.concrete_fields)
+    return (
+        f"UPDATE {_JOBS} j SET status = 'running', attempts = j.attempts + 1, started_at = %s, claimed_by = %s, "  # noqa: S608
+        f"stall_at = %s + COALESCE(s.timeout, %s) FROM {_STEPS} s "
+        f"WHERE j.id = ANY(%s) AND j.status = 'pending' AND s.id = j.step_id RETURNING {columns}"
+    )
 
 
 @dataclass

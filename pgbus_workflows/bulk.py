@@ -151,10 +151,8 @@ class WriteBatch:
             rows.run_batch(head)
             for instance in self.inserts:
                 rows.insert(instance)
-            for row in self.rows:
-                _link(row)
             if self.rows:
-                rows.run_batch([insert_statement(self.rows)])
+                rows.run_batch([insert_statement(link(self.rows))])
             return
         with rows.pipeline() as cursor:
             for sql, params in head:
@@ -164,22 +162,22 @@ class WriteBatch:
                 keys = cursor.fetchall()  # the first round trip
                 for instance, (pk,) in zip(self.inserts, keys, strict=True):
                     rows.mark_saved(instance, pk)
-            for row in self.rows:
-                _link(row)
             if self.rows:
-                cursor.execute(*insert_statement(self.rows), prepare=True)
+                cursor.execute(*insert_statement(link(self.rows)), prepare=True)
             for queue in sorted(self.notify):
                 cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue], prepare=True)
 
 
-def _link(row: Model) -> None:
-    """Set the foreign keys of ``row`` to rows inserted since it was made."""
-    model = type(row)
-    relations = _relations.get(model)
-    if relations is None:
-        relations = _relations[model] = [f for f in model._meta.concrete_fields if f.is_relation]
-    for field in relations:
-        if getattr(row, field.attname) is None:
-            related = getattr(row, field.name, None)
-            if related is not None:
-                setattr(row, field.attname, related.pk)
+def link(instances: Sequence[Model]) -> Sequence[Model]:
+    """Set the foreign keys of ``instances`` to rows inserted since they were made; returns them."""
+    for row in instances:
+        model = type(row)
+        relations = _relations.get(model)
+        if relations is None:
+            relations = _relations[model] = [f for f in model._meta.concrete_fields if f.is_relation]
+        for field in relations:
+            if getattr(row, field.attname) is None:
+                related = getattr(row, field.name, None)
+                if related is not None:
+                    setattr(row, field.attname, related.pk)
+    return instances

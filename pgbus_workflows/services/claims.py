@@ -122,7 +122,8 @@ def still_in_progress(step_pks: Sequence[int]) -> set[int]:
             cursor.execute(_IN_PROGRESS, [list(step_pks), StepStatus.IN_PROGRESS.value])
         else:
             marks = ", ".join(["%s"] * len(step_pks))
-            cursor.execute(f"SELECT id FROM {_STEPS} WHERE id IN ({marks}) AND status = %s", [*step_pks, "in_progress"])  # noqa: S608
+            sql = f"SELECT id FROM {_STEPS} WHERE id IN ({marks}) AND status = %s"  # noqa: S608
+            cursor.execute(sql, [*step_pks, StepStatus.IN_PROGRESS.value])
         return {row[0] for row in cursor.fetchall()}
 
 

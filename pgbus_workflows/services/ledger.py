@@ -17,7 +17,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from .. import rows, signals
-from ..bulk import WriteBatch
+from ..bulk import WriteBatch, link
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
@@ -287,10 +287,7 @@ class RunLedger:
             statements.append(rows.update_statement(self.run, sorted(self._run_fields)))
             self._run_fields.clear()
         if self._events:
-            for event in self._events:
-                if event.step_id is None and event.step is not None:
-                    event.step_id = event.step.pk  # the step may have been inserted after the event was made
-            statements.append(rows.insert_many_statement(self._events))
+            statements.append(rows.insert_many_statement(link(self._events)))  # steps inserted since
             self._events = []
         if connection.vendor == "postgresql":
             statements += [("SELECT pg_notify(%s, %s)", [settings.NOTIFY_CHANNEL, q]) for q in sorted(self._queues)]

@@ -22,12 +22,12 @@ from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
+from . import clock
 from .admin_forms import OPERATIONS
 from .admin_views import (
     bulk_operation,
@@ -102,7 +102,7 @@ class StuckFilter(admin.SimpleListFilter):
             return queryset
         if reason not in STUCK_REASONS:
             raise IncorrectLookupParameters(f"Unknown stuck reason {reason!r}")
-        return queryset.filter(pk__in=stuck_querysets(timezone.now())[reason].values("pk"))
+        return queryset.filter(pk__in=stuck_querysets(clock.now())[reason].values("pk"))
 
 
 class FinishedWithinFilter(admin.SimpleListFilter):
@@ -119,7 +119,7 @@ class FinishedWithinFilter(admin.SimpleListFilter):
         hours = self.periods.get(self.value() or "")
         if hours is None:
             return queryset
-        return queryset.filter(finished_at__gte=timezone.now() - timedelta(hours=hours))
+        return queryset.filter(finished_at__gte=clock.now() - timedelta(hours=hours))
 
 
 # -- shared ---------------------------------------------------------------------------------------
@@ -330,7 +330,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request),
             "title": _("Workflows dashboard"),
             "opts": self.opts,
-            **dashboard_context(self.admin_site, timezone.now()),
+            **dashboard_context(self.admin_site, clock.now()),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/pgbus_workflows/dashboard.html", context)
@@ -414,7 +414,7 @@ class WorkflowSignalAdmin(ReadOnlyAdmin):
 class DispatcherAdmin(ReadOnlyAdmin):
     """The dispatcher processes that heartbeat (dead ones are forgotten by the sweep)."""
 
-    list_display = ("name", "hostname", "pid", "queues", "concurrency", "started_at", "heartbeat_at")
+    list_display = ("name", "hostname", "pid", "queues", "concurrency", "workers_alive", "started_at", "heartbeat_at")
 
 
 @admin.register(FanOutJob)

@@ -25,12 +25,12 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
+from . import clock
 from .admin_forms import OPERATIONS, Operation, ReasonForm, allowed_verbs, perform
 from .conf import settings
 from .exceptions import WorkflowError
@@ -213,7 +213,7 @@ def run_page_context(site: AdminSite, request: HttpRequest, run: WorkflowRun) ->
     events = list(run.events.order_by("pk"))
     signals = list(run.signals.order_by("pk"))
     active = next((s for s in steps if s.status in ACTIVE_STEP), None)
-    allowed = allowed_verbs(run, active, timezone.now())
+    allowed = allowed_verbs(run, active, clock.now())
     buttons = [
         (op, reverse(f"{site.name}:pgbus_workflows_workflowrun_{op.verb}", args=[quote(run.pk)]))
         for op in OPERATIONS.values()

@@ -10,8 +10,8 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import connections
-from django.utils import timezone
 
+from . import clock
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration
 
 _POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE")
@@ -135,7 +135,7 @@ def check_sqlite_dispatchers(app_configs: Any = None, **kwargs: Any) -> list[Che
     try:
         if Dispatcher._meta.db_table not in connection.introspection.table_names():
             return []  # not migrated yet
-        fresh_since = timezone.now() - settings.DISPATCHER_DEAD_AFTER
+        fresh_since = clock.now() - settings.DISPATCHER_DEAD_AFTER
         names = list(Dispatcher.objects.filter(heartbeat_at__gte=fresh_since).values_list("name", flat=True)[:10])
     except Exception:  # a check must not break `manage.py check`
         # The database cannot answer (DatabaseError), or may not be used here (pytest-django's

@@ -26,14 +26,14 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Min
-from django.utils import timezone
 
+from . import clock
 from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
-from .services.claims import claim_due_steps
+from .services.claims import claim_due_steps, stall
 from .services.fanout import claim_due_jobs, recover_jobs
 from .states import RunStatus, StepStatus
-from .sweep import Sweeper, stall
+from .sweep import Sweeper
 from .workers import WorkerPool
 
 logger = logging.getLogger("pgbus_workflows")
@@ -74,8 +74,7 @@ class WorkflowDispatcher:
             on_free=self._wake.set,
             on_lost=self._orphans_possible.set,
         )
-        self._next_sweep = 0.0
-        self._next_heartbeat = 0.0
+        self._swept = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -91,10 +90,14 @@ class WorkflowDispatcher:
             " (sweep only)" if self.sweep_only else "" if self.sweep else " (no sweep)",
         )
         self.pool.start()
-        listener = None
-        if connection.vendor == "postgresql" and not self.sweep_only and not self.once:
-            listener = threading.Thread(target=self._listen, name="pgbus-listener", daemon=True)
-            listener.start()
+        if not self.once:
+            # Heartbeat and sweep each on a thread (and connection) of their own: a long sweep
+            # never delays claims, and a busy loop never lets the heartbeat go stale.
+            self._start_thread("pgbus-heartbeat", self._beat)
+            if self.sweep:
+                self._start_thread("pgbus-sweep", self._sweep_loop)
+            if connection.vendor == "postgresql" and not self.sweep_only:
+                self._start_thread("pgbus-listener", self._listen)
         with _stop_signals(self._on_signal):
             try:
                 self._loop()
@@ -120,7 +123,7 @@ class WorkflowDispatcher:
         self.stop()
 
     def _register(self) -> None:
-        now = timezone.now()
+        now = clock.now()
         Dispatcher.objects.update_or_create(
             name=self.name,
             defaults={
@@ -133,10 +136,47 @@ class WorkflowDispatcher:
             },
         )
 
+    def _start_thread(self, name: str, target: Any) -> None:
+        threading.Thread(target=target, name=name, daemon=True).start()
+
     def _heartbeat(self) -> None:
-        if not Dispatcher.objects.filter(name=self.name).update(heartbeat_at=timezone.now()):
+        updated = Dispatcher.objects.filter(name=self.name).update(
+            heartbeat_at=clock.now(), workers_alive=self.pool.alive()
+        )
+        if not updated:
             logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
             self._register()
+
+    def _beat(self) -> None:
+        """The heartbeat thread: every ``HEARTBEAT_INTERVAL``, whatever the other threads do."""
+        interval = settings.HEARTBEAT_INTERVAL.total_seconds()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._heartbeat()
+                except DB_ERRORS as error:
+                    logger.warning("Heartbeat failed (%s); trying again in %.0fs", str(error).strip(), interval)
+                    connection.close()
+                self._stopping.wait(interval)
+        finally:
+            connection.close()
+
+    def _sweep_loop(self) -> None:
+        """The sweep thread: the sweep every ``SWEEP_INTERVAL`` (the first at once)."""
+        interval = settings.SWEEP_INTERVAL.total_seconds()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self.sweeper.run()
+                except DB_ERRORS as error:
+                    logger.warning("Sweep failed (%s); trying again in %.0fs", str(error).strip(), interval)
+                    connection.close()
+                except Exception:
+                    logger.exception("Sweep failed; trying again in %.0fs", interval)
+                if self._stopping.wait(interval):
+                    return
+        finally:
+            connection.close()
 
     def _shut_down(self) -> bool:
         """Let the workers finish what this process claimed, up to the timeout; stall what is left.
@@ -151,7 +191,7 @@ class WorkflowDispatcher:
         try:
             if abandoned:
                 self._stall_own("shutdown_timeout")
-                recover_jobs(timezone.now(), dead=[self.name])
+                recover_jobs(clock.now(), dead=[self.name])
             Dispatcher.objects.filter(name=self.name).delete()
         except DB_ERRORS:
             logger.exception("Could not release dispatcher %s; the sweep will", self.name)
@@ -160,7 +200,7 @@ class WorkflowDispatcher:
 
     def _stall_own(self, detection: str, keep: set[int] | None = None) -> int:
         """Stall this dispatcher's in-progress attempts that no worker thread runs."""
-        now = timezone.now()
+        now = clock.now()
         rows = WorkflowStep.objects.filter(status=StepStatus.IN_PROGRESS, claimed_by=self.name)
         stalled = 0
         for step_pk, run_pk in rows.values_list("pk", "run_id"):
@@ -190,18 +230,17 @@ class WorkflowDispatcher:
 
     def _tick(self) -> float | None:
         """One round: heartbeat, sweep, claim. Returns how long to sleep (None: ``once`` is done)."""
-        clock = time.monotonic()
         if self._orphans_possible.is_set():
             self._orphans_possible.clear()
             self._recover_after_outage()
-        if clock >= self._next_heartbeat:
+        if self.once and not self._swept:
+            # --once runs everything on this thread: one heartbeat, one sweep, then the claims.
             self._heartbeat()
-            self._next_heartbeat = clock + settings.HEARTBEAT_INTERVAL.total_seconds()
-        if self.sweep and clock >= self._next_sweep:
-            self.sweeper.run()
-            self._next_sweep = clock + settings.SWEEP_INTERVAL.total_seconds()
+            if self.sweep:
+                self.sweeper.run()
+            self._swept = True
         if self.sweep_only:
-            return None if self.once else self._sleep_until_due(clock)
+            return None if self.once else settings.POLL_INTERVAL.total_seconds()
         free = self.pool.free_slots()
         claimed: list[WorkflowStep | FanOutJob] = []
         if free > 0:
@@ -214,16 +253,14 @@ class WorkflowDispatcher:
         if self.once:
             return 0.05 if self.pool.held() or claimed else None
         # With every slot busy, a finishing worker wakes the loop: no need to look ahead.
-        return self._sleep_until_due(clock, look_ahead=free > len(claimed))
+        return self._sleep_until_due(look_ahead=free > len(claimed))
 
-    def _sleep_until_due(self, clock: float, look_ahead: bool = False) -> float:
-        timeout = min(settings.POLL_INTERVAL.total_seconds(), self._next_heartbeat - clock)
-        if self.sweep:
-            timeout = min(timeout, self._next_sweep - clock)
+    def _sleep_until_due(self, look_ahead: bool = False) -> float:
+        timeout = settings.POLL_INTERVAL.total_seconds()
         if look_ahead:
             due = self._next_due_at()
             if due is not None:
-                timeout = min(timeout, (due - timezone.now()).total_seconds())
+                timeout = min(timeout, (due - clock.now()).total_seconds())
         return max(timeout, 0.0)
 
     def _next_due_at(self) -> datetime | None:

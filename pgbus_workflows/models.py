@@ -271,6 +271,8 @@ class Dispatcher(models.Model):
     pid = models.PositiveIntegerField(_("pid"))
     queues = models.JSONField(_("queues"), default=list, blank=True)
     concurrency = models.PositiveIntegerField(_("concurrency"), default=1)
+    #: Worker threads alive at the last heartbeat (one that died is replaced at once).
+    workers_alive = models.PositiveIntegerField(_("workers alive"), default=0)
     started_at = models.DateTimeField(_("started at"), default=timezone.now)
     heartbeat_at = models.DateTimeField(_("heartbeat at"), default=timezone.now)
 

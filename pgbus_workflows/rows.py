@@ -127,14 +127,19 @@ def insert_many_statement(instances: Sequence[Model], *, returning: bool = False
     return sql, params
 
 
-def lock(model: type[M], where: str, params: Sequence[Any]) -> M | None:
-    """``SELECT ... FOR UPDATE`` one row of ``model`` (``where`` is SQL on its own columns)."""
-    key = ("lock", model, where)
+def lock(model: type[M], where: str, params: Sequence[Any], *, skip_locked: bool = False) -> M | None:
+    """``SELECT ... FOR UPDATE`` one row of ``model`` (``where`` is SQL on its own columns).
+
+    ``skip_locked``: None at once when another transaction holds the row.
+    """
+    key = ("lock", model, where, skip_locked, connection.vendor)
     sql = _statements.get(key)
     if sql is None:
         sql = f"SELECT {_columns(model)} FROM {quote(model._meta.db_table)} WHERE {where}"
         if connection.features.has_select_for_update:
             sql += " FOR UPDATE"
+            if skip_locked and connection.features.has_select_for_update_skip_locked:
+                sql += " SKIP LOCKED"
         _statements[key] = sql
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))

@@ -35,6 +35,8 @@ class StepContext:
     step: WorkflowStep
     received_signal: WorkflowSignal | None = None
     timed_out: bool = False
+    #: The body runs inside the outcome's transaction (``atomic=True``), holding the run's lock.
+    atomic: bool = False
 
 
 class StepBody:
@@ -91,7 +93,12 @@ class StepBody:
         purpose: call it now and then, and the sweep will not take it for hung. Returns
         False when the attempt is no longer in progress (stalled or cancelled meanwhile):
         its outcome will be discarded, so the body may stop.
+
+        An ``atomic=True`` body holds its run's lock, which already tells the sweep it is
+        alive; its ``timeout=`` bounds its transaction and a heartbeat does not extend it
+        (nothing is written: a write there would only commit with the outcome).
         """
         from .services.claims import heartbeat
 
-        return heartbeat(self._step_context("heartbeat()").step)
+        context = self._step_context("heartbeat()")
+        return True if context.atomic else heartbeat(context.step)

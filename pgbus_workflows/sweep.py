@@ -13,12 +13,17 @@ is logged and retried next time without stopping the others):
   when their attempts are spent); a dead dispatcher's jobs are put back the same way.
 - ``lost_fan_outs``: a fan-out still waiting although all its jobs ended more than
   ``STALL_THRESHOLD`` ago is resolved as the last job would have resolved it.
-- ``cleanup`` (hourly): finished and cancelled runs older than ``RETENTION`` are deleted
-  in batches of 500; their steps, events and signals go with them (ON DELETE CASCADE).
+- ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
+  runs older than ``RETENTION`` are deleted in batches of 500, at most ten batches a sweep;
+  their steps, events and signals go with them.
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
   every registered class, sent as the ``workflow_gauge`` Django signal.
 
 Every move is re-checked under the run's lock: the step may have finished since the query.
+No phase waits for a lock: a run another transaction holds (an ``atomic=True`` body, an
+operator) is alive and passed over; a row that fails is logged, recorded on its run and
+passed over for a while (``services.isolation``), so one bad row costs only itself. The
+dispatcher runs the sweep on a thread of its own, so it never delays claims or heartbeats.
 """
 
 from __future__ import annotations
@@ -26,19 +31,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Subquery
-from django.utils import timezone
 
-from . import signals
+from . import clock, signals
 from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
+from .services.claims import stall
 from .services.fanout import recover_jobs, resolve_lost_fan_outs
-from .services.ledger import locked_step
-from .services.outcome import stall_step
+from .services.isolation import RowFailures
 from .services.waiting import expire_due_waits
 from .states import TERMINAL_RUN, RunStatus, StepStatus
 
@@ -46,32 +51,24 @@ logger = logging.getLogger("pgbus_workflows")
 
 BATCH_SIZE = 500
 CLEANUP_EVERY = timedelta(hours=1)
+#: Retention batches one sweep deletes at most (a backlog goes on at the next sweep).
+CLEANUP_BATCHES = 10
 #: ``pg_try_advisory_lock`` key held while a dispatcher sweeps ("pgbus" in ASCII).
 SWEEP_LOCK_KEY = 0x7067627573
 STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error")
 
 
-def stall(step_pk: int, run_pk: int, *, detection: str, now: datetime) -> bool:
-    """Stall one in-progress attempt, re-checked under the run lock; False when it moved on."""
-    with locked_step(run_pk, step_pk, now=now) as (ledger, step):
-        if step is None or step.status != StepStatus.IN_PROGRESS:
-            return False
-        if detection == "stall_at" and (step.stall_at is None or step.stall_at >= now):
-            return False
-        stall_step(ledger, step, detection=detection)
-        return True
-
-
-def stall_dead_dispatchers(now: datetime) -> int:
+def stall_dead_dispatchers(now: datetime, failures: RowFailures | None = None) -> int:
     """Stall the in-progress steps of dispatchers whose heartbeat stopped; forget those dispatchers."""
+    failures = failures or RowFailures()
     cutoff = now - settings.DISPATCHER_DEAD_AFTER
     dead = list(Dispatcher.objects.filter(heartbeat_at__lt=cutoff).values_list("name", flat=True))
     stalled = 0
     for name in dead:
         steps = WorkflowStep.objects.filter(status=StepStatus.IN_PROGRESS, claimed_by=name)
-        for step_pk, run_pk in steps.values_list("pk", "run_id").order_by("pk")[:BATCH_SIZE]:
-            stalled += stall(step_pk, run_pk, detection="dead_dispatcher", now=now)
-        stalled += recover_jobs(now, dead=[name])
+        rows = steps.exclude(pk__in=failures.passed_over("dead_dispatchers")).order_by("pk")
+        stalled += _stall_each(rows, "dead_dispatchers", now, failures)
+        stalled += recover_jobs(now, dead=[name], failures=failures)
         jobs = FanOutJob.objects.filter(status=JobStatus.RUNNING, claimed_by=name)
         if not steps.exists() and not jobs.exists():
             Dispatcher.objects.filter(name=name, heartbeat_at__lt=cutoff).delete()
@@ -79,30 +76,47 @@ def stall_dead_dispatchers(now: datetime) -> int:
     return stalled
 
 
-def stall_overdue_steps(now: datetime) -> int:
+def stall_overdue_steps(now: datetime, failures: RowFailures | None = None) -> int:
     """Stall in-progress steps past their ``stall_at``."""
-    rows = (
-        WorkflowStep.objects.filter(status=StepStatus.IN_PROGRESS, stall_at__lt=now)
-        .order_by("pk")
-        .values_list("pk", "run_id")[:BATCH_SIZE]
+    failures = failures or RowFailures()
+    rows = WorkflowStep.objects.filter(status=StepStatus.IN_PROGRESS, stall_at__lt=now)
+    return _stall_each(rows.exclude(pk__in=failures.passed_over("stalled")).order_by("pk"), "stalled", now, failures)
+
+
+def _stall_each(steps: Any, phase: str, now: datetime, failures: RowFailures) -> int:
+    """Stall each of (at most ``BATCH_SIZE`` of) ``steps``, never waiting for a locked run."""
+    detection = "stall_at" if phase == "stalled" else "dead_dispatcher"
+    return sum(
+        failures.act(
+            phase, step_pk, run_pk, partial(stall, step_pk, run_pk, detection=detection, now=now, skip_locked=True)
+        )
+        for step_pk, run_pk in steps.values_list("pk", "run_id")[:BATCH_SIZE]
     )
-    return sum(stall(step_pk, run_pk, detection="stall_at", now=now) for step_pk, run_pk in rows)
 
 
-def delete_expired_runs(now: datetime, batch_size: int = BATCH_SIZE) -> int:
-    """Delete finished and cancelled runs older than ``RETENTION``, a batch at a time."""
+def delete_expired_runs(now: datetime, batch_size: int = BATCH_SIZE, max_batches: int | None = None) -> int:
+    """Delete finished and cancelled runs older than ``RETENTION``, a batch at a time.
+
+    Each batch is its own short transaction and skips runs another transaction holds; at most
+    ``max_batches`` batches (None: until none is left), so one sweep is bounded.
+    """
     retention = settings.RETENTION
     if retention is None:
         return 0
     expired = WorkflowRun.objects.filter(status__in=TERMINAL_RUN, status_changed_at__lt=now - retention)
     deleted = 0
-    while True:
-        ids = list(expired.order_by("pk").values_list("pk", flat=True)[:batch_size])
-        if not ids:
-            return deleted
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        batches += 1
         with transaction.atomic():
+            ids = list(
+                expired.select_for_update(skip_locked=True).order_by("pk").values_list("pk", flat=True)[:batch_size]
+            )
+            if not ids:
+                return deleted
             WorkflowRun.objects.filter(pk__in=ids, status__in=TERMINAL_RUN).delete()
         deleted += len(ids)
+    return deleted
 
 
 def status_counts() -> dict[tuple[str, str], int]:
@@ -171,32 +185,45 @@ def emit_gauge(now: datetime) -> int:
 
 
 class Sweeper:
-    """Runs the sweep phases; one dispatcher at a time holds the advisory lock."""
+    """Runs the sweep phases; one dispatcher at a time holds the advisory lock.
+
+    Retention is bounded per sweep (``CLEANUP_BATCHES`` batches): it runs hourly, and at every
+    sweep while a backlog is left, so a large backlog is worked off without one long sweep.
+    """
 
     def __init__(self) -> None:
         self.last_cleanup: datetime | None = None
+        self.cleanup_backlog = False
+        #: The rows phases failed on, passed over for a while (``services.isolation``).
+        self.failures = RowFailures()
 
     def phases(self, now: datetime, cleanup: bool) -> list[tuple[str, Callable[[datetime], int]]]:
         """The phases due now, in order."""
+        failures = self.failures
         phases: list[tuple[str, Callable[[datetime], int]]] = [
-            ("dead_dispatchers", stall_dead_dispatchers),
-            ("stalled", stall_overdue_steps),
-            ("stalled_jobs", recover_jobs),
-            ("wait_timeouts", expire_due_waits),
-            ("lost_fan_outs", resolve_lost_fan_outs),
+            ("dead_dispatchers", partial(stall_dead_dispatchers, failures=failures)),
+            ("stalled", partial(stall_overdue_steps, failures=failures)),
+            ("stalled_jobs", partial(recover_jobs, failures=failures)),
+            ("wait_timeouts", partial(expire_due_waits, failures=failures)),
+            ("lost_fan_outs", partial(resolve_lost_fan_outs, failures=failures)),
         ]
         if cleanup:
-            phases.append(("cleanup", delete_expired_runs))
+            phases.append(("cleanup", partial(delete_expired_runs, max_batches=CLEANUP_BATCHES)))
         phases.append(("gauge", emit_gauge))
         return phases
 
     def run(self, now: datetime | None = None, *, force_cleanup: bool = False) -> dict[str, Any] | None:
         """Run every due phase; None when another dispatcher is sweeping."""
-        now = now or timezone.now()
+        now = now or clock.now()
         if not _try_lock():
             return None
         try:
-            cleanup = force_cleanup or self.last_cleanup is None or now - self.last_cleanup >= CLEANUP_EVERY
+            cleanup = (
+                force_cleanup
+                or self.cleanup_backlog
+                or self.last_cleanup is None
+                or now - self.last_cleanup >= CLEANUP_EVERY
+            )
             summary: dict[str, Any] = {}
             failed = []
             for name, phase in self.phases(now, cleanup):
@@ -207,6 +234,7 @@ class Sweeper:
                     failed.append(name)
             if cleanup and "cleanup" not in failed:
                 self.last_cleanup = now
+                self.cleanup_backlog = summary["cleanup"] >= CLEANUP_BATCHES * BATCH_SIZE
             if failed:
                 summary["failed"] = failed
         finally:

@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.utils import timezone
-
+from . import clock
 from .exceptions import StepWaiting, TestHelperError
 from .models import FanOutJob, JobStatus, WorkflowStep
 from .services import fanout, operator
@@ -73,7 +72,7 @@ def _scheduled_step(workflow: Workflow) -> WorkflowStep | None:
 
 
 def _perform(workflow: Workflow, step: WorkflowStep) -> None:
-    if step.scheduled_at > timezone.now():
+    if step.scheduled_at > clock.now():
         operator.run_now(workflow.record.pk, actor=ACTOR, reason="run inline by a test helper")
     claimed = claim_step(step.pk, claimed_by=ACTOR)
     if claimed is None:

@@ -23,8 +23,10 @@ from django.db import connection
 
 from .conf import settings
 from .models import FanOutJob, WorkflowStep
+from .services.applying import apply_outcomes
+from .services.body import Chain
 from .services.claims import still_in_progress
-from .services.executor import Chain, apply_outcomes, perform_step
+from .services.executor import perform_step
 from .services.fanout import JobEnd, record_job_ends, run_job
 from .services.outcome import StepOutcome
 
@@ -46,12 +48,17 @@ def work_key(work: Work) -> tuple[str, int]:
 
 
 class _Lane:
-    """One worker's own queue (the steps its transactions claimed) and what it is running."""
+    """One worker's own queue (the steps its transactions claimed), what it runs and has not written."""
 
-    def __init__(self) -> None:
+    def __init__(self, number: int) -> None:
+        self.number = number
         self.queue: deque[Queued] = deque()
         #: ``time.monotonic()`` when its current body started; None between bodies.
         self.body_since: float | None = None
+        #: The claim taken from the queues and neither in ``batch`` nor released yet.
+        self.current: Work | None = None
+        #: Outcomes and job ends run and not yet written (kept here so a dead thread's are not lost).
+        self.batch = _Batch()
 
 
 class WorkerPool:
@@ -75,21 +82,27 @@ class WorkerPool:
         self._on_free = on_free  # a claim ended: the loop may claim more
         self._on_lost = on_lost  # a claim's end could not be written: recover orphans
         self._shared: deque[Queued] = deque()
-        self._lanes = [_Lane() for _ in range(size)]
+        self._lanes = [_Lane(n) for n in range(size)]
         self._cond = threading.Condition()
         # work_key of every claim held: queued, running, or its outcome not yet written.
         self._held: set[tuple[str, int]] = set()
         # How long bodies take (a moving average): sizes the claims so batches stay short.
         self._body_seconds = 0.0
-        self._threads = [
-            threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{n}", daemon=True)
-            for n, lane in enumerate(self._lanes)
-        ]
+        self._threads = [self._thread(lane) for lane in self._lanes]
+        #: Worker threads that died and were replaced (each logged).
+        self.replaced = 0
+
+    def _thread(self, lane: _Lane) -> threading.Thread:
+        return threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{lane.number}", daemon=True)
 
     def start(self) -> None:
         """Start the worker threads."""
         for thread in self._threads:
             thread.start()
+
+    def alive(self) -> int:
+        """How many worker threads are alive (the dispatcher's row shows it)."""
+        return sum(thread.is_alive() for thread in self._threads)
 
     def join(self, deadline: float) -> bool:
         """Wait (until the ``time.monotonic()`` deadline) for the workers to finish every claim.
@@ -197,28 +210,62 @@ class WorkerPool:
         return None, patience
 
     def _serve(self, lane: _Lane) -> None:
-        """One worker thread: run work; write quick steps' outcomes and jobs' ends in batches."""
+        """One worker thread; should it die anyway, its work is recovered and a new thread takes the lane."""
         chain = Chain(self.name, self.queues, stop=self._stopping)
-        batch = _Batch()
         try:
-            while True:
-                taken = self._take(lane, wait=not batch)
-                if taken is None:
-                    if not batch:
-                        return
-                    self._write(batch, chain, lane)
-                    batch = _Batch()
-                    continue
-                work, verify = taken
-                if isinstance(work, FanOutJob):
-                    batch.add_job(self._run_job(work, lane))
-                else:
-                    batch.add_step(self._perform(work, chain, verify, lane))
-                if len(batch) >= self.batch_size or batch.age() >= BATCH_WINDOW:
-                    self._write(batch, chain, lane)
-                    batch = _Batch()
+            self._work(lane, chain)
+        except BaseException:
+            logger.critical("Worker thread %s died; recovering its work and replacing it", lane.number, exc_info=True)
+            self._recover(lane, chain)
         finally:
             connection.close()
+
+    def _work(self, lane: _Lane, chain: Chain) -> None:
+        """Run work; write quick steps' outcomes and jobs' ends in batches."""
+        while True:
+            taken = self._take(lane, wait=not lane.batch)
+            if taken is None:
+                if not lane.batch:
+                    return
+                self._write_batch(lane, chain)
+                continue
+            work, verify = taken
+            lane.current = work
+            if isinstance(work, FanOutJob):
+                lane.batch.add_job(self._run_job(work, lane))
+            else:
+                lane.batch.add_step(self._perform(work, chain, verify, lane))
+            lane.current = None
+            if len(lane.batch) >= self.batch_size or lane.batch.age() >= BATCH_WINDOW:
+                self._write_batch(lane, chain)
+
+    def _write_batch(self, lane: _Lane, chain: Chain) -> None:
+        batch, lane.batch = lane.batch, _Batch()
+        self._write(batch, chain, lane)
+
+    def _recover(self, lane: _Lane, chain: Chain) -> None:
+        """After a worker thread died: write what it ran, give up what it held, start another.
+
+        Outcomes it ran are written (their bodies do not run again); the claim it was inside
+        is given up (the orphan recovery stalls it at once); its queued claims go to the others.
+        """
+        connection.close()
+        current, lane.current, lane.body_since = lane.current, None, None
+        if lane.batch:
+            try:
+                self._write_batch(lane, chain)
+            except BaseException:
+                logger.exception("Could not write the outcomes of worker thread %s", lane.number)
+        if current is not None and work_key(current) in self.held():
+            self._lost([current])
+        with self._cond:
+            self._shared.extend(lane.queue)
+            lane.queue.clear()
+            self._cond.notify_all()
+        if not self._stopping.is_set():
+            self.replaced += 1
+            thread = self._threads[lane.number] = self._thread(lane)
+            thread.start()
 
     def _enter_body(self, lane: _Lane) -> float:
         """Mark ``lane``'s worker as inside a body; idle workers then time when to take its queue."""
@@ -240,7 +287,7 @@ class WorkerPool:
         began = self._enter_body(lane)
         try:
             done = perform_step(step, chain=chain, verify=verify)
-        except Exception:
+        except BaseException:
             logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)
             self._lost([step])
             return None
@@ -263,7 +310,7 @@ class WorkerPool:
                 continue
             try:
                 write()
-            except Exception:
+            except BaseException:
                 logger.exception("The ends of %d claimed step(s) or job(s) could not be written", len(works))
                 self._lost(works)
                 continue

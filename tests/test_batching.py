@@ -117,7 +117,7 @@ def test_an_outcome_that_cannot_be_applied_does_not_hold_back_the_others(monkeyp
             raise RuntimeError("this row is broken")
         real(ledger, step, outcome)
 
-    monkeypatch.setattr("pgbus_workflows.services.executor.apply_outcome", apply_or_break)
+    monkeypatch.setattr("pgbus_workflows.services.applying.apply_outcome", apply_or_break)
     with caplog.at_level(logging.ERROR, "pgbus_workflows"), pytest.raises(RuntimeError, match="broken"):
         apply_outcomes(perform_all(claimed), Chain("w"))
 

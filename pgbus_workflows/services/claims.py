@@ -8,16 +8,17 @@ run moved and recorded together, as one batch of units of work.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.utils import timezone
 
-from .. import rows
+from .. import clock, rows
 from ..conf import settings
 from ..models import WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from .ledger import RunLedger, locked_step, locked_steps
+from .outcome import stall_step
 
 
 def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by: str = "") -> list[WorkflowStep]:
@@ -28,7 +29,7 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
     """
     if limit < 1:
         return []
-    now = timezone.now()
+    now = clock.now()
     with transaction.atomic():
         pairs = _due_pairs(limit, None if queues is None else list(queues), now)
         return _claim(pairs, now, claimed_by)
@@ -76,7 +77,7 @@ def claim_step(step_pk: int, claimed_by: str = "") -> WorkflowStep | None:
         run = WorkflowRun.objects.select_for_update().filter(pk=run_id, status=RunStatus.READY).first()
         if run is None:
             return None
-        claimed = _claim([(step_pk, run_id)], timezone.now(), claimed_by)
+        claimed = _claim([(step_pk, run_id)], clock.now(), claimed_by)
         return claimed[0] if claimed else None
 
 
@@ -143,3 +144,18 @@ def heartbeat(step: WorkflowStep) -> bool:
         rows.update(locked, ["stall_at"])
     step.stall_at = locked.stall_at
     return True
+
+
+def stall(step_pk: int, run_pk: int, *, detection: str, now: datetime | None = None, skip_locked: bool = False) -> bool:
+    """Stall one in-progress attempt, re-checked under the run lock; False when it moved on.
+
+    ``skip_locked`` (the sweep) raises :class:`~.ledger.RunLocked` rather than wait for a
+    run another transaction holds: a held run is alive (an ``atomic=True`` body runs).
+    """
+    with locked_step(run_pk, step_pk, now=now, skip_locked=skip_locked) as (ledger, step):
+        if step is None or step.status != StepStatus.IN_PROGRESS:
+            return False
+        if detection == "stall_at" and (step.stall_at is None or step.stall_at >= ledger.now):
+            return False
+        stall_step(ledger, step, detection=detection)
+        return True

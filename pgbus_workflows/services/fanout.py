@@ -19,19 +19,20 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, Max, Q
-from django.utils import timezone
 
-from .. import rows
+from .. import clock, rows
 from ..conf import settings
 from ..definitions import resolve_job, resolve_wait
 from ..exceptions import FanOutFailed
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from . import waiting
-from .executor import Chain, with_reconnect
+from .body import Chain
+from .isolation import RowFailures
 from .ledger import RunLedger, locked_step, workflow_class
 from .outcome import StepOutcome
-from .payload import encode_payload
+from .payload import encode_payload, storable_text
+from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -44,7 +45,7 @@ def claim_due_jobs(limit: int, queues: Iterable[str] | None = None, claimed_by: 
     """Claim up to ``limit`` due pending jobs (``SKIP LOCKED``), by priority then ``scheduled_at``."""
     if limit < 1:
         return []
-    now = timezone.now()
+    now = clock.now()
     queue_list = None if queues is None else list(queues)
     where = "status = 'pending' AND scheduled_at <= %s"
     params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
@@ -67,7 +68,7 @@ def claim_job(job_pk: int, claimed_by: str = "") -> FanOutJob | None:
     with transaction.atomic():
         locked = FanOutJob.objects.select_for_update().filter(pk=job_pk, status=JobStatus.PENDING).values_list("pk")
         ids = [pk for (pk,) in locked]
-        claimed = _start(ids, timezone.now(), claimed_by)
+        claimed = _start(ids, clock.now(), claimed_by)
     return claimed[0] if claimed else None
 
 
@@ -123,13 +124,21 @@ def execute_job(job: FanOutJob, *, chain: Chain | None = None) -> str:
 
 
 def run_job(job: FanOutJob) -> JobEnd:
-    """Call a claimed job's function; never raises (an error is kept in the ``JobEnd``)."""
+    """Call a claimed job's function; never raises (an error is kept in the ``JobEnd``).
+
+    Every exception counts, ``SystemExit`` and ``KeyboardInterrupt`` included: a job ends in
+    one recorded end, and the worker thread lives on.
+    """
     try:
         function = resolve_job(job.function)
         value = function(*job.arguments.get("args", []), **job.arguments.get("kwargs", {}))
         return JobEnd(job, result=encode_payload(value, f"result of job {job.function} #{job.index}"))
-    except Exception as error:
-        return JobEnd(job, error="".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    except BaseException as error:
+        return JobEnd(job, error=_formatted(error))
+
+
+def _formatted(error: BaseException) -> str:
+    return storable_text("".join(traceback.format_exception(type(error), error, error.__traceback__)))
 
 
 def record_job_ends(ends: Sequence[JobEnd], chain: Chain | None = None) -> list[str]:
@@ -137,24 +146,39 @@ def record_job_ends(ends: Sequence[JobEnd], chain: Chain | None = None) -> list[
 
     Returns each job's status: succeeded, failed, pending (retried after its backoff), or
     "" when its attempt was no longer running (cancelled or put back meanwhile). With a
-    ``chain``, the same transaction claims as many due jobs for this worker.
+    ``chain``, the same transaction claims as many due jobs for this worker (handed over only
+    once that transaction is known to have committed). Should the batch fail, each end is
+    recorded alone; a result that cannot be written fails its job with the error that
+    stopped it, so one bad end never costs the others.
     """
-
-    def record() -> list[str]:
-        with transaction.atomic():
-            succeeded = _finish_many([end for end in ends if end.error is None])
-            statuses = [
-                _fail(end.job, end.error) if end.error is not None else succeeded.get(end.job.pk, "") for end in ends
-            ]
-            if chain is not None and not (chain.stop is not None and chain.stop.is_set()):
-                chain.next_jobs = claim_due_jobs(len(ends), chain.queues, chain.claimed_by)
-        return statuses
-
-    statuses = with_reconnect(record)
+    try:
+        statuses, claimed = commit_once(partial(_record, ends, chain))
+    except CONNECTION_ERRORS:
+        raise
+    except Exception as error:
+        if len(ends) > 1:
+            logger.exception("Recording %d job ends together failed; recording them one by one", len(ends))
+            return [status for end in ends for status in record_job_ends([end], chain)]
+        if ends[0].error is not None:
+            raise
+        logger.error("The result of job %s could not be written (%s); failing the job", ends[0].job.pk, error)
+        return record_job_ends([JobEnd(ends[0].job, error=_formatted(error))], chain)
+    if chain is not None:
+        chain.next_jobs.extend(claimed)
     ended = {(end.job.step_id, end.job.run_id) for end, status in zip(ends, statuses, strict=True) if status in _FINAL}
     for step_pk, run_pk in sorted(ended):
         with_reconnect(partial(resolve_if_done, step_pk, run_pk))
     return statuses
+
+
+def _record(ends: Sequence[JobEnd], chain: Chain | None) -> tuple[list[str], list[FanOutJob]]:
+    """The transaction of :func:`record_job_ends`: the ends, then the claims of the next jobs."""
+    succeeded = _finish_many([end for end in ends if end.error is None])
+    statuses = [_fail(end.job, end.error) if end.error is not None else succeeded.get(end.job.pk, "") for end in ends]
+    claimed: list[FanOutJob] = []
+    if chain is not None and not (chain.stop is not None and chain.stop.is_set()):
+        claimed = claim_due_jobs(len(ends), chain.queues, chain.claimed_by)
+    return statuses, claimed
 
 
 _FINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED)
@@ -169,7 +193,7 @@ def _finish_many(ends: list[JobEnd]) -> dict[int, str]:
     result_field = FanOutJob._meta.get_field("result")
     results = [result_field.get_db_prep_save(end.result, connection) for end in ends]
     with rows.pipeline() as cursor:
-        params = [timezone.now(), [e.job.pk for e in ends], [e.job.attempts for e in ends], results]
+        params = [clock.now(), [e.job.pk for e in ends], [e.job.attempts for e in ends], results]
         cursor.execute(_SUCCEEDED, params, prepare=True)
         return {pk: JobStatus.SUCCEEDED for (pk,) in cursor.fetchall()}
 
@@ -184,20 +208,25 @@ _SUCCEEDED = (
 def _finish(job: FanOutJob, status: str, **fields: Any) -> bool:
     """Record the end of a running attempt; False when it was cancelled or put back meanwhile."""
     updated = FanOutJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts).update(
-        status=status, finished_at=timezone.now(), stall_at=None, **fields
+        status=status, finished_at=clock.now(), stall_at=None, **fields
     )
     return updated == 1
 
 
 def _fail(job: FanOutJob, error: str) -> str:
     """Retry after the backoff while attempts remain; else the job fails with its error kept."""
+    error = storable_text(error)
     if job.attempts < job.max_attempts:
         definition = workflow_class(job.run).step_definition(job.step.step_name)
-        backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
+        try:
+            backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
+        except Exception as failure:  # the backoff callable raised: no retry, the job fails with both errors
+            error += f"\nThe backoff of {job.step.step_name} raised, so the job is not retried:\n{_formatted(failure)}"
+            return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
         # Only a fan-out that still waits wants the retry: not one cancelled or skipped meanwhile.
         retried = FanOutJob.objects.filter(
             pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts, step__status=StepStatus.WAITING
-        ).update(status=JobStatus.PENDING, error=error, scheduled_at=timezone.now() + backoff, stall_at=None)
+        ).update(status=JobStatus.PENDING, error=error, scheduled_at=clock.now() + backoff, stall_at=None)
         if retried:
             return JobStatus.PENDING
     return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
@@ -208,11 +237,14 @@ def unfinished(step_pk: int) -> bool:
     return FanOutJob.objects.filter(step_id=step_pk, status__in=UNFINISHED_JOB).exists()
 
 
-def resolve_if_done(step_pk: int, run_pk: int) -> bool:
-    """Resolve the fan-out when no job is left; True for the one caller whose resolution won."""
+def resolve_if_done(step_pk: int, run_pk: int, *, skip_locked: bool = False) -> bool:
+    """Resolve the fan-out when no job is left; True for the one caller whose resolution won.
+
+    ``skip_locked`` (the sweep): raise :class:`~.ledger.RunLocked` rather than wait for the run.
+    """
     if unfinished(step_pk):
         return False
-    with locked_step(run_pk, step_pk) as (ledger, step):
+    with locked_step(run_pk, step_pk, skip_locked=skip_locked) as (ledger, step):
         if step is None:
             return False
         return resolve_in_ledger(ledger, step)
@@ -252,7 +284,7 @@ def progress(step: WorkflowStep) -> dict[str, int]:
 def cancel_pending_jobs(step: WorkflowStep) -> int:
     """Cancel the jobs of ``step`` that have not started (running ones finish, their result unused)."""
     return FanOutJob.objects.filter(step_id=step.pk, status=JobStatus.PENDING).update(
-        status=JobStatus.CANCELLED, finished_at=timezone.now()
+        status=JobStatus.CANCELLED, finished_at=clock.now()
     )
 
 
@@ -268,27 +300,37 @@ def results(run: WorkflowRun, step_name: str) -> Iterator[Any]:
     return FanOutJob.objects.filter(step_id=step.pk).order_by("index").values_list("result", flat=True).iterator()
 
 
-def recover_jobs(now: datetime, dead: list[str] | None = None) -> int:
-    """Put back running jobs past their ``stall_at`` (or of dead dispatchers): retried, or failed when spent."""
-    running = FanOutJob.objects.filter(status=JobStatus.RUNNING)
+def recover_jobs(now: datetime, dead: list[str] | None = None, failures: RowFailures | None = None) -> int:
+    """Put back running jobs past their ``stall_at`` (or of dead dispatchers): retried, or failed when spent.
+
+    Each job on its own (``failures``): one that cannot be put back is passed over.
+    """
+    failures = failures or RowFailures()
+    running = FanOutJob.objects.filter(status=JobStatus.RUNNING).exclude(pk__in=failures.passed_over("stalled_jobs"))
     running = running.filter(claimed_by__in=dead) if dead is not None else running.filter(stall_at__lt=now)
     recovered = 0
     for job in running.select_related("step", "run").order_by("pk")[:BATCH_SIZE]:
-        why = "its dispatcher died" if dead is not None else f"it ran past its stall_at {job.stall_at}"
-        status = _fail(job, f"Job {job.function} #{job.index} attempt {job.attempts} stalled: {why}")
-        recovered += 1
-        if status == JobStatus.FAILED:
-            resolve_if_done(job.step_id, job.run_id)
+        recovered += failures.act("stalled_jobs", job.pk, job.run_id, partial(_recover_job, job, dead is not None))
     return recovered
 
 
-def resolve_lost_fan_outs(now: datetime) -> int:
+def _recover_job(job: FanOutJob, dead: bool) -> bool:
+    why = "its dispatcher died" if dead else f"it ran past its stall_at {job.stall_at}"
+    status = _fail(job, f"Job {job.function} #{job.index} attempt {job.attempts} stalled: {why}")
+    if status == JobStatus.FAILED:
+        resolve_if_done(job.step_id, job.run_id, skip_locked=True)
+    return True
+
+
+def resolve_lost_fan_outs(now: datetime, failures: RowFailures | None = None) -> int:
     """The sweep phase: waiting fan-outs whose jobs all ended over ``STALL_THRESHOLD`` ago, resolved."""
+    failures = failures or RowFailures()
     cutoff = now - settings.STALL_THRESHOLD
     steps = (
         WorkflowStep.objects.filter(
             status=StepStatus.WAITING, fan_out_total__isnull=False, run__status=RunStatus.WAITING
         )
+        .exclude(pk__in=failures.passed_over("lost_fan_outs"))
         .annotate(
             open_jobs=Count("jobs", filter=Q(jobs__status__in=UNFINISHED_JOB)),
             last_end=Max("jobs__finished_at"),
@@ -298,4 +340,7 @@ def resolve_lost_fan_outs(now: datetime) -> int:
         .order_by("pk")
         .values_list("pk", "run_id")[:BATCH_SIZE]
     )
-    return sum(resolve_if_done(step_pk, run_pk) for step_pk, run_pk in steps)
+    return sum(
+        failures.act("lost_fan_outs", step_pk, run_pk, partial(resolve_if_done, step_pk, run_pk, skip_locked=True))
+        for step_pk, run_pk in steps
+    )

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 from django.db.models import Max
-from django.utils import timezone
 
-from .. import rows, signals
+from .. import clock, rows, signals
 from ..bulk import WriteBatch, link
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
@@ -24,10 +23,11 @@ from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..registry import registry
 from ..states import ACTIVE_STEP, TERMINAL_RUN, RunStatus, StepStatus, check_run_transition, check_step_transition
+from .payload import storable_text
 
 if TYPE_CHECKING:
     from ..workflow import Workflow
-    from .executor import Chain
+    from .body import Chain
 
 SYSTEM_ACTOR = "system"
 MAX_ACTOR_LENGTH = 255
@@ -55,7 +55,7 @@ class RunLedger:
         next_attempts: dict[str, int] | None = None,
     ) -> None:
         self.run = run
-        self.now = now or timezone.now()
+        self.now = now or clock.now()
         #: Shared with other ledgers of one transaction: writes are deferred to ``writes.send``.
         self.writes = writes
         #: The next attempt number of some steps, read with the lock (no query in ``schedule``).
@@ -130,6 +130,8 @@ class RunLedger:
             # Raised inside the unit of work: its transaction rolls back, nothing is written.
             raise ValueError(f"actor must be at most {MAX_ACTOR_LENGTH} characters, got {len(actor)}")
         name, source, target = transition or ("", "", "")
+        if reason:
+            reason = storable_text(reason)
         self._events.append(
             rows.build(
                 WorkflowEvent,
@@ -314,16 +316,32 @@ def _send_all(sender: str, pending: list[tuple[Any, dict[str, Any]]]) -> None:
         signal.send(sender=sender, **kwargs)
 
 
+class RunLocked(Exception):
+    """``skip_locked``: another transaction holds the run (a body, an operator): it is alive."""
+
+
 @contextmanager
 def locked_step(
-    run_pk: int, step_pk: int, *, now: datetime | None = None
+    run_pk: int, step_pk: int, *, now: datetime | None = None, savepoint: bool = True, skip_locked: bool = False
 ) -> Iterator[tuple[RunLedger, WorkflowStep | None]]:
     """Lock run ``run_pk``, then its step ``step_pk`` (None when it is gone), for a unit of work.
 
     On PostgreSQL both locks take one round trip; the order is run, then step, as always.
+    ``skip_locked`` (the sweep) raises :class:`RunLocked` instead of waiting for a run that
+    another transaction holds. ``savepoint=False`` joins the caller's transaction as it is.
     """
-    with transaction.atomic():
+    with transaction.atomic(savepoint=savepoint):
         pair = None
+        if skip_locked:
+            run = rows.lock(WorkflowRun, "id = %s", [run_pk], skip_locked=True)
+            if run is None:
+                if WorkflowRun.objects.filter(pk=run_pk).exists():
+                    raise RunLocked(f"Run {run_pk} is locked by another transaction")
+                raise WorkflowRun.DoesNotExist(f"No workflow run with pk {run_pk}")
+            ledger = RunLedger(run, now)
+            yield ledger, ledger.lock_step(step_pk)
+            ledger.flush()
+            return
         if connection.vendor == "postgresql":
             pair = rows.lock_pair(WorkflowRun, WorkflowStep, "run_id", run_pk, step_pk)
         if pair is not None:

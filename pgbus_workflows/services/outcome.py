@@ -18,6 +18,7 @@ from ..exceptions import StepNotDefined, StepStalled
 from ..models import FanOutJob, WorkflowStep
 from ..states import RunStatus, StepOutcomeKind, StepStatus
 from .ledger import RunLedger
+from .payload import storable_text
 
 #: Why an attempt was reattempted; only the error reasons count towards max_reattempts.
 ERROR_REATTEMPT_REASONS = ("exception_policy", "precondition")
@@ -50,7 +51,15 @@ class StepOutcome:
     def from_error(cls, error: BaseException, **kwargs: Any) -> StepOutcome:
         """An ``error`` outcome carrying the exception and its formatted traceback."""
         text = "".join(tb.format_exception(type(error), error, error.__traceback__))
-        return cls("error", error=error, traceback=text, **kwargs)
+        return cls("error", error=error, traceback=storable_text(text), **kwargs)
+
+
+def error_message(error: BaseException) -> str:
+    """``str(error)`` as a text column can hold it; never raises (a broken ``__str__`` is named)."""
+    try:
+        return storable_text(str(error))
+    except Exception:
+        return f"<{type(error).__name__}.__str__ failed>"
 
 
 def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -> None:
@@ -245,7 +254,7 @@ def consecutive_stalls(step: WorkflowStep) -> int:
 def _error_details(outcome: StepOutcome) -> dict[str, Any]:
     if outcome.error is None:
         return {}
-    return {"error_class": _class_name(outcome.error), "error_message": str(outcome.error)[:2000]}
+    return {"error_class": _class_name(outcome.error), "error_message": error_message(outcome.error)[:2000]}
 
 
 def _class_name(error: BaseException) -> str:
@@ -259,7 +268,7 @@ def _apply_error(
     error = outcome.error or RuntimeError("unknown error")
     error_fields = {
         "error_class": _class_name(error)[:255],
-        "error_message": str(error),
+        "error_message": error_message(error),
         "traceback": outcome.traceback,
     }
     if outcome.forced_action:

@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Model
-from django.utils import timezone
 
-from .. import signals
+from .. import clock, signals
 from ..exceptions import AlreadyRunning, ConfigurationError
 from ..models import WorkflowRun
 from ..states import RunStatus
@@ -53,7 +52,7 @@ def start_run(
             existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
             if existing is not None:
                 return cls(existing, duplicate_start=True)
-        now = timezone.now()
+        now = clock.now()
         record = WorkflowRun(
             workflow_class=cls.name,
             subject_type=subject_type,

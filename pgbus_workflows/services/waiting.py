@@ -12,14 +12,14 @@ runs until ``resume()``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from django.utils import timezone
-
-from .. import signals
+from .. import clock, signals
 from ..exceptions import WaitTimedOut
 from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..states import RunStatus, StepStatus
+from .isolation import RowFailures
 from .ledger import RunLedger, locked_step
 from .outcome import StepOutcome, apply_outcome
 
@@ -116,29 +116,32 @@ def fire_timeout(ledger: RunLedger, step: WorkflowStep) -> str:
     return action
 
 
-def expire_due_waits(now: Any = None) -> int:
+def expire_due_waits(now: Any = None, failures: RowFailures | None = None) -> int:
     """The sweep phase: apply ``on_timeout`` to waiting steps of waiting runs past ``timeout_at``.
 
-    At most ``BATCH_SIZE`` x ``MAX_BATCHES`` per sweep, each re-checked under the run lock.
-    A paused run's wait does not time out until it is resumed.
+    At most ``BATCH_SIZE`` x ``MAX_BATCHES`` per sweep, each re-checked under the run lock,
+    never waiting for a run another transaction holds; a row that fails is passed over
+    (``failures``). A paused run's wait does not time out until it is resumed.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
+    failures = failures or RowFailures()
     fired = 0
     for _ in range(MAX_BATCHES):
         batch = list(
             WorkflowStep.objects.filter(status=StepStatus.WAITING, timeout_at__lt=now, run__status=RunStatus.WAITING)
+            .exclude(pk__in=failures.passed_over("wait_timeouts"))
             .order_by("timeout_at", "pk")
             .values_list("pk", "run_id")[:BATCH_SIZE]
         )
         for step_pk, run_pk in batch:
-            fired += _expire(step_pk, run_pk, now)
+            fired += failures.act("wait_timeouts", step_pk, run_pk, partial(_expire, step_pk, run_pk, now))
         if len(batch) < BATCH_SIZE:
             break
     return fired
 
 
 def _expire(step_pk: int, run_pk: int, now: Any) -> bool:
-    with locked_step(run_pk, step_pk, now=now) as (ledger, step):
+    with locked_step(run_pk, step_pk, now=now, skip_locked=True) as (ledger, step):
         if ledger.run.status != RunStatus.WAITING or step is None or step.status != StepStatus.WAITING:
             return False
         if step.timeout_at is None or step.timeout_at >= now:

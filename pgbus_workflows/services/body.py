@@ -1,0 +1,102 @@
+"""Calling a step body: its return, verb or exception becomes exactly one :class:`StepOutcome`.
+
+Also :class:`Chain`, which lets an outcome's transaction claim the next steps for the worker
+that ran the body, and the log line of an attempt that failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..definitions import Job
+from ..exceptions import StepNotDefined
+from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..step_body import FlowControl, StepContext
+from ..workflow import Workflow
+from .outcome import StepOutcome
+from .payload import encode_payload
+
+logger = logging.getLogger("pgbus_workflows")
+
+
+@dataclass
+class Chain:
+    """Lets the outcomes' transaction claim the next steps for the same worker.
+
+    When an attempt ends and the next step is due at once in a queue this worker serves,
+    it is created already claimed in the same transaction (no claim round trip, no NOTIFY)
+    and left in ``next_steps`` for the worker to run straight away.
+    """
+
+    claimed_by: str
+    queues: frozenset[str] | None = None
+    next_steps: list[WorkflowStep] = field(default_factory=list)
+    #: The fan-out jobs claimed with the ends of the previous ones (services.fanout.record_job_ends).
+    next_jobs: list[FanOutJob] = field(default_factory=list)
+    #: Set when the worker stops taking work (a dispatcher shutting down).
+    stop: threading.Event | None = None
+
+    def take(self) -> list[WorkflowStep | FanOutJob]:
+        """The chained steps and jobs (already claimed), once."""
+        work: list[WorkflowStep | FanOutJob] = [*self.next_steps, *self.next_jobs]
+        self.next_steps, self.next_jobs = [], []
+        return work
+
+
+def run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
+    """Call the step body with the step context set; never raises."""
+    step = context.step
+    definition = type(workflow).step_definition(step.step_name)
+    if definition is None or definition.func is None:  # the guards ruled this out
+        raise StepNotDefined(step.step_name)
+    workflow._context = context
+    try:
+        try:
+            value = definition.func(workflow)
+        except FlowControl as flow:
+            if flow.kind != "output":
+                return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
+            value = flow.value
+        if definition.kind == "fan_out":
+            return StepOutcome("fan_out", jobs=_encode_jobs(step.step_name, value))
+        output = None if value is None else encode_payload(value, f"{step.step_name} output")
+        return StepOutcome("success", output=output)
+    except FlowControl as flow:  # a verb called while encoding the output (a custom encoder)
+        return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
+    except BaseException as error:
+        # SystemExit, KeyboardInterrupt, GeneratorExit, CancelledError too: a body ends in one
+        # recorded outcome whatever it raises, and the worker thread lives on.
+        return StepOutcome.from_error(error)
+    finally:
+        workflow._context = None
+
+
+def _encode_jobs(step_name: str, value: Any) -> list[tuple[str, Any]]:
+    """A fan-out body's return value as stored jobs; anything else is a clear error."""
+    if value is None or isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
+        raise TypeError(f"fan-out step {step_name} must return an iterable of Job, got {type(value).__name__}")
+    jobs = []
+    for index, job in enumerate(value):
+        if not isinstance(job, Job):
+            raise TypeError(f"fan-out step {step_name} returned {job!r} at index {index}, not a Job")
+        arguments = encode_payload({"args": job.args, "kwargs": job.kwargs}, f"arguments of {job.path} #{index}")
+        jobs.append((job.path, arguments))
+    return jobs
+
+
+def log_outcome(run: WorkflowRun, step: WorkflowStep, outcome: StepOutcome) -> None:
+    """Log an attempt that ended in an error (the event has the rest)."""
+    if outcome.kind == "error":
+        logger.warning(
+            "Step failed: %s %s step %s attempt %s: %s: %s",
+            run.workflow_class,
+            run.workflow_id,
+            step.step_name,
+            step.attempt,
+            type(outcome.error).__name__,
+            outcome.error,
+        )

@@ -1,0 +1,134 @@
+"""Transactions that survive a dropped connection without being applied twice.
+
+A COMMIT whose answer is lost (the connection drops after the server committed, before the
+client heard) is the one failure a retry cannot tell from a transaction that never ran.
+:func:`commit_once` notes the transaction's id before it commits; after a dropped connection
+it asks the server (``pg_xact_status``) whether that transaction committed, and runs the work
+again only when it did not. What the work returned is kept for the caller only once it is known
+to have committed (the steps a committed batch claimed for this worker are then run, not lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from django.db import InterfaceError, OperationalError, connection, transaction
+
+logger = logging.getLogger("pgbus_workflows")
+T = TypeVar("T")
+
+#: Errors that mean the connection is gone (reconnect), not that the statement was wrong.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+#: How long to wait for the server to finish (or abort) a transaction whose client vanished.
+SETTLE_SECONDS = 10.0
+
+
+class CommitUnknown(OperationalError):
+    """The connection dropped during a transaction and whether it committed cannot be told."""
+
+
+def with_reconnect(work: Callable[[], T], attempts: int = 6) -> T:
+    """Run ``work``; when the connection drops, reconnect with backoff and run it again.
+
+    Only for work that is safe to repeat (reads, re-checked moves). Inside a caller's
+    transaction nothing can be retried, so the error is raised at once.
+    """
+    delay = 0.2
+    for attempt in range(1, attempts + 1):
+        try:
+            return work()
+        except CONNECTION_ERRORS:
+            if connection.in_atomic_block or attempt == attempts:
+                raise
+            logger.warning("Database connection lost; reconnecting in %.1fs (attempt %d)", delay, attempt)
+            connection.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class _Transaction(Generic[T]):
+    """What is known of one try: the server's id for it, and what the work returned."""
+
+    xid: str | None = None
+    backend: int | None = None
+    result: T | None = None
+    finished: bool = False
+
+
+def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6) -> T:
+    """Run ``work`` in a transaction and commit it exactly once, whatever the connection does.
+
+    When the connection drops: reconnect; if the transaction committed, return what ``work``
+    returned; if it did not, run it again (``retry=True``) or raise the connection error
+    (``retry=False``: the caller recovers another way). :class:`CommitUnknown` when the server
+    cannot be asked. Inside a caller's transaction it is a savepoint of it, and errors go up.
+    """
+    if connection.in_atomic_block:
+        with transaction.atomic():  # a savepoint: a failure leaves the caller's transaction usable
+            return work()
+    delay = 0.2
+    for attempt in range(1, attempts + 1):
+        state: _Transaction[T] = _Transaction()
+        try:
+            with transaction.atomic():
+                state.xid, state.backend = _identify()
+                state.result = work()
+                state.finished = True
+            return state.result
+        except CONNECTION_ERRORS as error:
+            connection.close()
+            if state.finished and state.xid is not None and _committed(state):
+                logger.warning("The answer to a COMMIT was lost; the transaction had committed")
+                return state.result  # type: ignore[return-value]
+            if not retry or attempt == attempts:
+                raise error
+            logger.warning("Database connection lost; retrying in %.1fs (attempt %d)", delay, attempt)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    raise AssertionError("unreachable")
+
+
+def _identify() -> tuple[str | None, int | None]:
+    """This transaction's id (assigned now) and this connection's server process, on PostgreSQL."""
+    if connection.vendor != "postgresql":
+        return None, None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()")
+        row: Any = cursor.fetchone()
+    return row[0], row[1]
+
+
+def _committed(state: _Transaction[Any]) -> bool:
+    """Ask the server, on a new connection, whether the transaction committed.
+
+    A transaction still in progress belongs to a server process that has not yet seen its
+    client vanish: it is ended (``pg_terminate_backend``) so that the answer is final.
+    """
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_xact_status(%s::xid8)", [state.xid])
+                row: Any = cursor.fetchone()
+                status = row[0] if row else None
+                if status == "in progress":
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [state.backend])
+        except CONNECTION_ERRORS as error:
+            connection.close()
+            if time.monotonic() > deadline:
+                raise CommitUnknown(f"Could not ask whether transaction {state.xid} committed: {error}") from error
+            time.sleep(0.5)
+            continue
+        if status == "committed":
+            return True
+        if status == "aborted":
+            return False
+        if status is None or time.monotonic() > deadline:
+            raise CommitUnknown(f"Transaction {state.xid} is {status or 'unknown to the server'}")
+        time.sleep(0.05)

@@ -17,8 +17,8 @@ def dispatchers():
     """Start dispatcher processes; every one is killed before the database is flushed."""
     started = []
 
-    def start(*args, settings=None):
-        process = DispatcherProcess(*args, settings=settings)
+    def start(*args, settings=None, env=None):
+        process = DispatcherProcess(*args, settings=settings, env=env)
         started.append(process)
         return process
 

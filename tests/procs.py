@@ -28,20 +28,27 @@ def database_url() -> str:
 class DispatcherProcess:
     """``manage.py run_workflow_dispatcher`` in a subprocess; its output goes to a temp file."""
 
-    def __init__(self, *args: str, settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        settings: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``env`` adds environment variables (a skewed clock: :func:`skewed_clock`)."""
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        env = {
+        environment = {
             **os.environ,
             "DATABASE_URL": database_url(),
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "PYTHONPATH": str(ROOT),
             "PGBUS_WORKFLOWS_JSON": json.dumps(settings or {}),
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "run_workflow_dispatcher", "-v", "2", *args],
             cwd=ROOT,
-            env=env,
+            env=environment,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -73,6 +80,24 @@ class DispatcherProcess:
         self.kill()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+#: Debian's libfaketime (package faketime), its thread-safe build: preloaded, it shifts the process's clocks.
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None)
+
+
+def skewed_clock(offset: str) -> dict[str, str]:
+    """Environment that runs a process with its clock shifted by ``offset`` (``"+60s"``, ``"-60s"``).
+
+    Only the wall clock is shifted, as on a host whose clock is off: the monotonic clock (which
+    the kernel's timed waits use) stays true. The library is preloaded directly (the
+    ``faketime`` command would fork, and a signal sent to it would not reach the dispatcher).
+    Under it ``time.sleep`` fails with EINVAL (libfaketime's clock_nanosleep): bodies run in
+    such a process wait with ``threading.Event().wait`` instead.
+    """
+    if LIBFAKETIME is None:
+        raise RuntimeError("libfaketime is not installed: apt-get install faketime")
+    return {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 def eventually(check: Callable[[], Any], timeout: float = 30, interval: float = 0.05, what: str = "") -> Any:

@@ -17,6 +17,7 @@ from functools import partial
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
+from .. import clock
 from ..conf import settings
 from ..models import WorkflowStep
 from ..states import StepStatus
@@ -90,6 +91,7 @@ def _unit(
         attempt.outcome = _run_in_savepoint(workflow, locked)
         attempt.stalled = time.monotonic() - began >= limit
         _bound_transaction(None)
+        ledger.now = clock.now()  # the outcome's times are when the body ended, not when it began
         ledger.claim_for = chain
         if attempt.stalled:
             stall_step(ledger, locked, detection="timeout")  # the body's writes are rolled back

@@ -1,3 +1,6 @@
+import os
+import time
+
 from django.apps import AppConfig
 
 
@@ -7,4 +10,19 @@ class TestappConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import chaos_workflows  # noqa: F401 - registers the chaos harness's workflow
+        from . import chaos_workflows, fault_workflows  # noqa: F401 - registers the harness's and faults' workflows
+
+        if os.environ.get("TESTAPP_SLOW_GAUGE"):
+            # A metrics receiver that takes its time (test_fault_processes): the sweep thread
+            # is stuck in it while claims and heartbeats must go on.
+            from pgbus_workflows.signals import workflow_gauge
+
+            workflow_gauge.connect(slow_gauge_receiver, dispatch_uid="testapp-slow-gauge")
+
+
+def slow_gauge_receiver(sender, **kwargs):
+    from .models import SideEffect
+
+    SideEffect.objects.create(label="gauge-start")
+    time.sleep(float(os.environ["TESTAPP_SLOW_GAUGE"]))
+    SideEffect.objects.create(label="gauge-end")

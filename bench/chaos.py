@@ -1,13 +1,20 @@
 """Chaos harness: SIGKILL dispatchers (and optionally restart PostgreSQL) while runs go on; check nothing is lost.
 
     .venv/bin/python bench/chaos.py [--runs 1000] [--dispatchers 3] [--kill-every 2] [--restart-postgres]
+                                    [--faults exit,nul,hang,skew | --faults all]
 
 It starts K dispatcher processes, starts N runs of ``ChaosWorkflow`` (tests/testapp/chaos_workflows.py:
 an atomic step that inserts a row, a step that records its ``step_idempotency_key``, a flaky
 step reattempted by a policy, a step waiting for a signal that this process delivers, a
 fan-out of three jobs), and every ``--kill-every`` seconds SIGKILLs a random dispatcher and
 starts a new one. At the end it checks every promise and prints a summary; the exit status
-is non-zero on any violation. The database is ``<DATABASE_URL name>_chaos``, made anew.
+is non-zero on any violation.
+
+``--faults`` adds faults from inside the process, on top of the kills and the restart: one run
+in five has a body that raises ``SystemExit`` (``exit``) and an output with a NUL character
+(``nul``) on their first attempts, one in twenty an atomic body that hangs past its
+``timeout=`` (``hang``); and with ``skew`` (Debian's faketime) one dispatcher's clock runs a
+minute ahead and another's a minute behind. The database is ``<DATABASE_URL name>_chaos``, made anew.
 ``run_chaos()`` is also called by the test suite in a short mode, on its test database.
 """
 
@@ -51,6 +58,7 @@ class ChaosReport:
     statuses: dict[str, int] = field(default_factory=dict)
     attempts: int = 0
     stalled: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -61,6 +69,8 @@ class ChaosReport:
             f"run statuses: {json.dumps(self.statuses, sort_keys=True)}",
             f"step attempts: {self.attempts} (stalled and reattempted: {self.stalled})",
         ]
+        if self.faults:
+            lines.append(f"faults recorded: {json.dumps(self.faults, sort_keys=True)}")
         lines += [f"VIOLATION: {v}" for v in self.violations[:50]]
         lines.append("OK: every promise held" if not self.violations else f"{len(self.violations)} violation(s)")
         return "\n".join(lines)
@@ -69,11 +79,20 @@ class ChaosReport:
 class Dispatchers:
     """The dispatcher processes, killed and replaced at random."""
 
-    def __init__(self, database_url: str, logs: Path) -> None:
+    def __init__(self, database_url: str, logs: Path, skew: bool = False) -> None:
         self.database_url = database_url
         self.logs = logs
+        self.skew = skew
         self.processes: list[subprocess.Popen[bytes]] = []
         self.started = 0
+
+    def _clock(self) -> dict[str, str]:
+        """With ``skew``, of every three dispatchers started one runs a minute ahead, one behind."""
+        if not self.skew or self.started % 3 == 0:
+            return {}
+        from tests.procs import skewed_clock
+
+        return skewed_clock("+60s" if self.started % 3 == 1 else "-60s")
 
     def start(self) -> None:
         """One more dispatcher."""
@@ -85,6 +104,7 @@ class Dispatchers:
             "PGBUS_WORKFLOWS_JSON": json.dumps(CHAOS_SETTINGS),
         }
         self.started += 1
+        env.update(self._clock())
         log = (self.logs / f"dispatcher-{self.started}.log").open("wb")
         self.processes.append(
             subprocess.Popen(
@@ -177,8 +197,12 @@ def run_chaos(
     restart: bool = False,
     timeout: float = 900.0,
     logs: Path | None = None,
+    faults: frozenset[str] = frozenset(),
 ) -> ChaosReport:
-    """Start the runs, kill dispatchers while they go, wait for the end, check. Django must be set up."""
+    """Start the runs, kill dispatchers while they go, wait for the end, check. Django must be set up.
+
+    ``faults``: any of :data:`FAULTS` (see the module docstring).
+    """
     from django.db import connection
 
     from pgbus_workflows.models import WorkflowRun
@@ -187,7 +211,10 @@ def run_chaos(
     report = ChaosReport(runs=runs)
     logs = logs or Path(tempfile.gettempdir()) / f"pgbus-chaos-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
-    pool = Dispatchers(database_url, logs)
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"unknown faults {sorted(unknown)}: choose from {', '.join(FAULTS)}")
+    pool = Dispatchers(database_url, logs, skew="skew" in faults)
     stop = threading.Event()
     errors: list[str] = []
     started = time.monotonic()
@@ -195,8 +222,8 @@ def run_chaos(
         pool.start()
     signaller = threading.Thread(target=deliver_signals, args=(stop, errors), daemon=True)
     try:
-        for _ in range(runs):
-            ChaosWorkflow.start()
+        for number in range(runs):
+            ChaosWorkflow.start(faults=sorted(run_faults(number, faults)))
         signaller.start()
         next_kill = time.monotonic() + kill_every
         restarted = not restart
@@ -212,7 +239,7 @@ def run_chaos(
                 pool.kill_one()
                 report.kills += 1
                 next_kill = time.monotonic() + kill_every
-            if not restarted and time.monotonic() - started > timeout / 20:
+            if not restarted and time.monotonic() - started > min(timeout / 20, 10.0):
                 restart_postgres()
                 connection.close()
                 report.restarts += 1
@@ -224,7 +251,57 @@ def run_chaos(
         pool.stop_all()
     report.seconds = time.monotonic() - started
     check(report)
+    check_faults(report, faults, logs)
     return report
+
+
+#: The faults ``--faults`` can add: in the bodies (exit, nul, hang) and in the clocks (skew).
+FAULTS = ("exit", "nul", "hang", "skew")
+
+
+def run_faults(number: int, faults: frozenset[str]) -> set[str]:
+    """The body faults run ``number`` carries: exit and nul one run in five, hang one in twenty."""
+    chosen = set()
+    if number % 5 == 0:
+        chosen |= {"exit", "nul"} & faults
+    if number % 20 == 0:
+        chosen |= {"hang"} & faults
+    return chosen
+
+
+def check_faults(report: ChaosReport, faults: frozenset[str], logs: Path) -> None:
+    """Each body fault ended in a recorded, reattempted attempt; no worker thread died."""
+    from pgbus_workflows.models import WorkflowStep
+    from tests.testapp.models import ChaosRecord
+
+    v = report.violations
+    hung = Counter(ChaosRecord.objects.filter(kind="hung").values_list("run_key", flat=True))
+    if len(hung) != report.runs or set(hung.values()) != {1}:
+        v.append(f"the atomic hang_once row of {report.runs} runs: {sorted(Counter(hung.values()).items())}")
+    expected = {"exit": "SystemExit", "nul": "pgbus_workflows.exceptions.PayloadNotSerializable"}
+    for fault, step_name in (("exit", "exit_once"), ("nul", "nul_output_once"), ("hang", "hang_once")):
+        if fault not in faults:
+            continue
+        firsts = WorkflowStep.objects.filter(
+            step_name=step_name, attempt=1, run__workflow_class="chaos", run__arguments__faults__contains=[fault]
+        )
+        report.faults[fault] = firsts.count()
+        for error_class, outcome, message in firsts.values_list("error_class", "outcome", "error_message"):
+            stalled = outcome == "stalled"  # a kill (or, for hang, its timeout) came first
+            if fault == "hang" and not stalled:
+                v.append(f"a hung atomic attempt ended {outcome}, not stalled: {message[:200]}")
+            elif fault != "hang" and error_class != expected[fault] and not stalled:
+                v.append(f"the {fault} fault ended as {error_class or outcome}, not {expected[fault]}")
+        if fault == "hang":
+            # Cut off by the database at 1 s, then stalled by whoever saw it first: the sweep
+            # (stall_at), the worker itself (timeout), or a kill (dead_dispatcher).
+            detections = Counter(
+                message.rsplit(": ", 1)[-1] for message in firsts.values_list("error_message", flat=True)
+            )
+            report.faults.update({f"hang stalled by {d}": n for d, n in detections.items()})
+    died = [log.name for log in sorted(logs.glob("dispatcher-*.log")) if b"died; recovering" in log.read_bytes()]
+    if died:
+        v.append(f"worker threads died in {died}")
 
 
 def check(report: ChaosReport) -> None:
@@ -293,7 +370,9 @@ def main() -> int:
     parser.add_argument("--kill-every", type=float, default=2.0)
     parser.add_argument("--restart-postgres", action="store_true")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--faults", default="", help=f"comma-separated, of {', '.join(FAULTS)}; or all")
     args = parser.parse_args()
+    faults = frozenset(FAULTS if args.faults == "all" else [f for f in args.faults.split(",") if f])
 
     base = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/pgbus_workflows").split("?")[0]
     url = base + "_chaos"
@@ -301,7 +380,9 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     sys.path.insert(0, str(ROOT))
     _recreate(url)
-    report = run_chaos(url, args.runs, args.dispatchers, args.kill_every, args.restart_postgres, args.timeout)
+    report = run_chaos(
+        url, args.runs, args.dispatchers, args.kill_every, args.restart_postgres, args.timeout, faults=faults
+    )
     print(report.summary())
     return 1 if report.violations else 0
 

@@ -90,10 +90,10 @@ class WorkflowDispatcher:
             " (sweep only)" if self.sweep_only else "" if self.sweep else " (no sweep)",
         )
         self.pool.start()
+        # Heartbeat and sweep each on a thread (and connection) of their own: a long sweep
+        # never delays claims, and a busy loop never lets the heartbeat go stale.
+        self._start_thread("pgbus-heartbeat", self._beat)
         if not self.once:
-            # Heartbeat and sweep each on a thread (and connection) of their own: a long sweep
-            # never delays claims, and a busy loop never lets the heartbeat go stale.
-            self._start_thread("pgbus-heartbeat", self._beat)
             if self.sweep:
                 self._start_thread("pgbus-sweep", self._sweep_loop)
             if connection.vendor == "postgresql" and not self.sweep_only:
@@ -234,8 +234,7 @@ class WorkflowDispatcher:
             self._orphans_possible.clear()
             self._recover_after_outage()
         if self.once and not self._swept:
-            # --once runs everything on this thread: one heartbeat, one sweep, then the claims.
-            self._heartbeat()
+            # --once sweeps on this thread, once, before it claims.
             if self.sweep:
                 self.sweeper.run()
             self._swept = True

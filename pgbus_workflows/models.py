@@ -309,6 +309,9 @@ class FanOutJob(models.Model):
     status = models.CharField(_("status"), max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     max_attempts = models.PositiveIntegerField(_("max attempts"), default=1)
+    #: Times it was put back because its dispatcher died or it ran past ``stall_at``: those
+    #: claims do not count as attempts (the job may never have started); ``MAX_STALLS`` bounds them.
+    stalls = models.PositiveIntegerField(_("stalls"), default=0)
     queue = models.CharField(_("queue"), max_length=255)
     priority = models.IntegerField(_("priority"), default=0)
     scheduled_at = models.DateTimeField(_("scheduled at"), default=timezone.now)

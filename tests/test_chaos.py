@@ -2,8 +2,8 @@
 
 import pytest
 
-from bench.chaos import run_chaos
-from tests.procs import database_url
+from bench.chaos import FAULTS, run_chaos
+from tests.procs import LIBFAKETIME, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -14,3 +14,13 @@ def test_short_chaos_run_keeps_every_promise(tmp_path):
     assert report.kills >= 1, "the harness must actually kill dispatchers"
     assert report.violations == [], report.summary()
     assert report.statuses == {"finished": 100}
+
+
+def test_short_chaos_run_with_every_fault_inside_the_process_keeps_every_promise(tmp_path):
+    faults = frozenset(FAULTS if LIBFAKETIME is not None else set(FAULTS) - {"skew"})
+    report = run_chaos(database_url(), runs=60, dispatchers=3, kill_every=2, timeout=240, logs=tmp_path, faults=faults)
+
+    assert report.kills >= 1
+    assert report.violations == [], report.summary()
+    assert report.statuses == {"finished": 60}
+    assert report.faults["exit"] == report.faults["nul"] == 12 and report.faults["hang"] == 3

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import OperationalError, connection
-from django.test import TestCase
+from django.test import TestCase, override_settings
 from django.utils import timezone
 
 from pgbus_workflows import ConfigurationError, Job, OnException, Workflow, fan_out, step
@@ -925,7 +925,8 @@ def test_the_sweep_resolves_a_lost_fan_out_with_failed_jobs_through_the_policy()
     assert wf.reload().status == "paused"
 
 
-def test_running_jobs_past_stall_at_are_retried_then_failed_and_the_last_resolves_the_step():
+@override_settings(PGBUS_WORKFLOWS={"MAX_STALLS": 1})
+def test_running_jobs_past_stall_at_are_put_back_without_spending_an_attempt_then_failed_after_max_stalls():
     wf = FanRetries.start(count=2)
     step = run_next(wf)
     claimed = claim_due_jobs(10, claimed_by="slow")
@@ -935,7 +936,7 @@ def test_running_jobs_past_stall_at_are_retried_then_failed_and_the_last_resolve
 
     assert summary["stalled_jobs"] == 2
     rows = jobs_of(step)
-    assert {(j.status, j.attempts) for j in rows} == {("pending", 1)}
+    assert {(j.status, j.attempts, j.stalls) for j in rows} == {("pending", 0, 1)}  # the claim was no attempt
     assert all("stalled: it ran past its stall_at" in j.error for j in rows)
     # The stalled attempt finishing late changes nothing: its outcome is discarded.
     assert execute_job(claimed[0]) == ""
@@ -946,7 +947,9 @@ def test_running_jobs_past_stall_at_are_retried_then_failed_and_the_last_resolve
     FanOutJob.objects.filter(step=step).update(stall_at=timezone.now() - timedelta(seconds=1))
     assert recover_jobs(timezone.now()) == 2
 
-    assert {(j.status, j.attempts) for j in jobs_of(step)} == {("failed", 2)}
+    rows = jobs_of(step)
+    assert {(j.status, j.attempts, j.stalls) for j in rows} == {("failed", 1, 1)}
+    assert all("MAX_STALLS is 1" in j.error for j in rows)
     step.refresh_from_db()
     assert (step.status, step.error_message) == ("failed", "2 of 2 jobs of work failed")
     assert wf.reload().status == "paused"
@@ -975,7 +978,7 @@ def test_the_jobs_of_a_dead_dispatcher_are_put_back():
     assert summary["dead_dispatchers"] == 2
     for job in dead_jobs:
         job.refresh_from_db()
-        assert (job.status, job.attempts) == ("pending", 1)
+        assert (job.status, job.attempts, job.stalls) == ("pending", 0, 1)  # a stall, not an attempt
         assert "its dispatcher died" in job.error
     assert FanOutJob.objects.get(pk=alive_jobs[0].pk).status == "running"
     assert list(Dispatcher.objects.values_list("name", flat=True)) == ["alive-1"]

@@ -18,7 +18,8 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from pgbus_workflows import clock, sweep
-from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.exceptions import PayloadNotSerializable
+from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
 from pgbus_workflows.services.body import Chain
 from pgbus_workflows.services.claims import claim_due_steps, claim_step, stall
@@ -489,3 +490,38 @@ def test_a_worker_thread_that_dies_is_replaced_and_the_outcomes_it_ran_are_writt
     stopping.set()
     assert not pool.join(time.monotonic() + 30)
     assert all(wf.reload().status == "finished" for wf in runs)
+
+
+# -- the edges refuse what PostgreSQL cannot store -------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["nul\x00inside", "lone \ud800 surrogate"])
+def test_arguments_and_signal_payloads_that_postgresql_cannot_store_are_refused_before_any_write(text):
+    with pytest.raises(PayloadNotSerializable):
+        NoOp3.start(note=text)
+    assert not WorkflowRun.objects.exists()
+
+    wf = NoOp3.start()
+    with pytest.raises(PayloadNotSerializable):
+        wf.signal("go", {"note": text})
+    assert not WorkflowSignal.objects.exists()
+
+
+def test_text_that_only_looks_like_a_nul_escape_is_kept():
+    wf = NoOp3.start(note="\\u0000 is six characters")
+    assert wf.reload().record.arguments == {"note": "\\u0000 is six characters"}
+
+
+@override_settings(PGBUS_WORKFLOWS={"STALL_ACTION": "reattempt"})
+def test_a_body_whose_database_connection_is_lost_stalls_instead_of_going_to_its_policy():
+    wf = faults.LosesConnection.start()
+
+    first = run_first_step(wf)
+
+    assert first.outcome == "stalled"
+    stalled = WorkflowEvent.objects.get(run=wf.record, kind="step_stalled")
+    assert stalled.details["detection"] == "connection_lost"
+    assert "OperationalError" in stalled.details["cause"]
+    run_first_step(wf)
+    assert wf.reload().status == "finished"
+    assert ran("loses-connection") == 2

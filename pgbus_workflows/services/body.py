@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection
+
 from ..definitions import Job
 from ..exceptions import StepNotDefined
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
@@ -19,6 +21,7 @@ from ..step_body import FlowControl, StepContext
 from ..workflow import Workflow
 from .outcome import StepOutcome
 from .payload import encode_payload
+from .transactions import CONNECTION_ERRORS
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -70,6 +73,10 @@ def run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
     except BaseException as error:
         # SystemExit, KeyboardInterrupt, GeneratorExit, CancelledError too: a body ends in one
         # recorded outcome whatever it raises, and the worker thread lives on.
+        if isinstance(error, CONNECTION_ERRORS) and (connection.connection is None or not connection.is_usable()):
+            # The database went away under the body (a restart, a failover): not the body's
+            # fault, so not its policy's: the attempt stalls, as on a crash (STALL_ACTION).
+            return StepOutcome("stall", error=error)
         return StepOutcome.from_error(error)
     finally:
         workflow._context = None

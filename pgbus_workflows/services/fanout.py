@@ -18,7 +18,7 @@ from functools import cache, partial
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, F, Max, Q
 
 from .. import clock, rows
 from ..conf import settings
@@ -301,7 +301,7 @@ def results(run: WorkflowRun, step_name: str) -> Iterator[Any]:
 
 
 def recover_jobs(now: datetime, dead: list[str] | None = None, failures: RowFailures | None = None) -> int:
-    """Put back running jobs past their ``stall_at`` (or of dead dispatchers): retried, or failed when spent.
+    """Put back running jobs past their ``stall_at`` (or of dead dispatchers) to run again.
 
     Each job on its own (``failures``): one that cannot be put back is passed over.
     """
@@ -315,9 +315,30 @@ def recover_jobs(now: datetime, dead: list[str] | None = None, failures: RowFail
 
 
 def _recover_job(job: FanOutJob, dead: bool) -> bool:
+    """Put a stalled job back (the claim is not an attempt: it may never have started).
+
+    After ``MAX_STALLS`` stalls (a job that takes its dispatcher down every time), or once
+    its fan-out no longer waits, it fails instead.
+    """
     why = "its dispatcher died" if dead else f"it ran past its stall_at {job.stall_at}"
-    status = _fail(job, f"Job {job.function} #{job.index} attempt {job.attempts} stalled: {why}")
-    if status == JobStatus.FAILED:
+    error = f"Job {job.function} #{job.index} attempt {job.attempts} stalled: {why}"
+    limit = settings.MAX_STALLS
+    if limit is None or job.stalls < limit:
+        put_back = FanOutJob.objects.filter(
+            pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts, step__status=StepStatus.WAITING
+        ).update(
+            status=JobStatus.PENDING,
+            attempts=F("attempts") - 1,
+            stalls=F("stalls") + 1,
+            error=error,
+            scheduled_at=clock.now(),
+            stall_at=None,
+        )
+        if put_back:
+            return True
+    else:
+        error += f" ({job.stalls + 1} stalls: MAX_STALLS is {limit})"
+    if _finish(job, JobStatus.FAILED, error=error):
         resolve_if_done(job.step_id, job.run_id, skip_locked=True)
     return True
 

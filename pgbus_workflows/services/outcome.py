@@ -25,7 +25,7 @@ ERROR_REATTEMPT_REASONS = ("exception_policy", "precondition")
 #: The reattempt reason of an attempt stalled and run again (they count towards MAX_STALLS).
 STALL_REATTEMPT = "stall"
 
-OUTCOME_KINDS = ("success", "finished", "reattempt", "skip", "pause", "cancel", "error", "fan_out")
+OUTCOME_KINDS = ("success", "finished", "reattempt", "skip", "pause", "cancel", "error", "fan_out", "stall")
 
 
 @dataclass
@@ -110,6 +110,9 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
         _apply_error(ledger, step, definition, outcome)
     elif outcome.kind == "fan_out":
         _open_fan_out(ledger, step, definition, outcome.jobs)
+    elif outcome.kind == "stall":  # the database went away under the body, as a crash would
+        cause = f"{_class_name(outcome.error)}: {error_message(outcome.error)}" if outcome.error else None
+        stall_step(ledger, step, detection="connection_lost", cause=cause)
     else:
         raise ValueError(f"Unknown outcome kind {outcome.kind!r}")
 
@@ -310,7 +313,7 @@ def _apply_error(
         _pause(ledger, step, "hold", kind="step_failed", actor=actor, reason=reason or message[:2000], details=details)
 
 
-def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str) -> None:
+def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str, cause: str | None = None) -> None:
     """Apply ``STALL_ACTION`` to an in-progress attempt that outlived its ``stall_at`` or its dispatcher.
 
     The attempt fails with :class:`StepStalled` recorded (outcome ``stalled``, which ends
@@ -327,6 +330,8 @@ def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str) -> None
     )
     reason = str(error)
     details: dict[str, Any] = {"detection": detection, "action": action, "claimed_by": step.claimed_by}
+    if cause:
+        details["cause"] = cause[:2000]
     definition = ledger.cls.step_definition(step.step_name)
     if action == "reattempt" and definition is None:
         action = details["action"] = "pause"

@@ -11,6 +11,7 @@ to have committed (the steps a committed batch claimed for this worker are then 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,15 @@ T = TypeVar("T")
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 #: How long to wait for the server to finish (or abort) a transaction whose client vanished.
 SETTLE_SECONDS = 10.0
+
+
+def _pause(seconds: float) -> None:
+    """Wait ``seconds`` on the monotonic clock (a timed wait, like the dispatcher's other waits).
+
+    Not ``time.sleep``: under libfaketime with a true monotonic clock (the skewed-clock tests
+    and the chaos harness) ``clock_nanosleep`` fails with EINVAL.
+    """
+    threading.Event().wait(seconds)
 
 
 class CommitUnknown(OperationalError):
@@ -46,7 +56,7 @@ def with_reconnect(work: Callable[[], T], attempts: int = 6) -> T:
                 raise
             logger.warning("Database connection lost; reconnecting in %.1fs (attempt %d)", delay, attempt)
             connection.close()
-            time.sleep(delay)
+            _pause(delay)
             delay = min(delay * 2, 5.0)
     raise AssertionError("unreachable")
 
@@ -89,7 +99,7 @@ def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6)
             if not retry or attempt == attempts:
                 raise error
             logger.warning("Database connection lost; retrying in %.1fs (attempt %d)", delay, attempt)
-            time.sleep(delay)
+            _pause(delay)
             delay = min(delay * 2, 5.0)
     raise AssertionError("unreachable")
 
@@ -123,7 +133,7 @@ def _committed(state: _Transaction[Any]) -> bool:
             connection.close()
             if time.monotonic() > deadline:
                 raise CommitUnknown(f"Could not ask whether transaction {state.xid} committed: {error}") from error
-            time.sleep(0.5)
+            _pause(0.5)
             continue
         if status == "committed":
             return True
@@ -131,4 +141,4 @@ def _committed(state: _Transaction[Any]) -> bool:
             return False
         if status is None or time.monotonic() > deadline:
             raise CommitUnknown(f"Transaction {state.xid} is {status or 'unknown to the server'}")
-        time.sleep(0.05)
+        _pause(0.05)

@@ -1,13 +1,20 @@
 """The chaos harness's workflow (bench/chaos.py): five steps, each a different kind of promise.
 
+With ``faults`` in its arguments (``bench/chaos.py --faults``), three more steps break the
+engine from the inside on their first attempt: a body that raises ``SystemExit``, an output
+with a NUL character, an atomic body that hangs past its ``timeout=``. Each is reattempted
+(by the class policy, or as a stalled attempt) and passes the second time.
+
 Imported by the app's ready() so that dispatcher subprocesses know it.
 """
 
 import hashlib
 import os
+import threading
 from datetime import timedelta
 
 from pgbus_workflows import Job, OnException, Workflow, fan_out, step
+from pgbus_workflows.exceptions import PayloadNotSerializable
 
 from .models import ChaosRecord
 
@@ -30,7 +37,14 @@ class ChaosWorkflow(Workflow):
     """Atomic insert, idempotency key, flaky call, signal wait, fan-out."""
 
     name = "chaos"
-    exception_policies = [OnException(FlakyService, action="reattempt", wait=timedelta(0), max_reattempts=10)]
+    exception_policies = [
+        OnException(FlakyService, action="reattempt", wait=timedelta(0), max_reattempts=10),
+        OnException(SystemExit, PayloadNotSerializable, action="reattempt", wait=timedelta(0), max_reattempts=3),
+    ]
+
+    def _fault(self, name: str) -> bool:
+        """Whether this run breaks ``name`` on this attempt (the first only)."""
+        return name in self.arguments.get("faults", ()) and self.attempt == 1
 
     def _execution(self) -> None:
         # One row per attempt (step name and attempt number) and process: two processes on one attempt would show.
@@ -62,3 +76,20 @@ class ChaosWorkflow(Workflow):
     def fan(self):
         self._execution()
         return [Job(chaos_job, str(self.workflow_id), i) for i in range(3)]
+
+    @step
+    def exit_once(self):
+        self._execution()
+        if self._fault("exit"):
+            raise SystemExit("a body that calls sys.exit()")
+
+    @step
+    def nul_output_once(self):
+        self._execution()
+        return {"text": "nul\x00" if self._fault("nul") else "clean"}
+
+    @step(atomic=True, timeout=timedelta(seconds=1))
+    def hang_once(self):
+        _record("hung", str(self.workflow_id), f"attempt {self.attempt}")  # rolled back with a hung attempt
+        if self._fault("hang"):
+            threading.Event().wait(2.5)  # past the timeout: the database ends the session

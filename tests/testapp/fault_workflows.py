@@ -294,3 +294,17 @@ class SlowBody(Workflow):
         ran("slow-body", self.attempt)
         # Not time.sleep: under libfaketime with a true monotonic clock it fails (EINVAL).
         threading.Event().wait(self.arguments.get("seconds", 3))
+
+
+class LosesConnection(Workflow):
+    """A body whose database connection is killed under it (first attempt only), as in a restart."""
+
+    name = "faults_loses_connection"
+    allow_multiple = True
+
+    @step
+    def query(self):
+        ran("loses-connection", self.attempt)
+        if self.attempt == 1:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")

@@ -272,7 +272,7 @@ class Dispatcher(models.Model):
     queues = models.JSONField(_("queues"), default=list, blank=True)
     concurrency = models.PositiveIntegerField(_("concurrency"), default=1)
     #: Worker threads alive at the last heartbeat (one that died is replaced at once).
-    workers_alive = models.PositiveIntegerField(_("workers alive"), default=0)
+    workers_alive = models.PositiveIntegerField(_("workers alive"), default=0, db_default=0)
     started_at = models.DateTimeField(_("started at"), default=timezone.now)
     heartbeat_at = models.DateTimeField(_("heartbeat at"), default=timezone.now)
 
@@ -311,7 +311,9 @@ class FanOutJob(models.Model):
     max_attempts = models.PositiveIntegerField(_("max attempts"), default=1)
     #: Times it was put back because its dispatcher died or it ran past ``stall_at``: those
     #: claims do not count as attempts (the job may never have started); ``MAX_STALLS`` bounds them.
-    stalls = models.PositiveIntegerField(_("stalls"), default=0)
+    # No CHECK (adding the column scans nothing); a database default, so that code deployed
+    # before this column (a rolling deploy) can still insert jobs.
+    stalls = models.IntegerField(_("stalls"), default=0, db_default=0)
     queue = models.CharField(_("queue"), max_length=255)
     priority = models.IntegerField(_("priority"), default=0)
     scheduled_at = models.DateTimeField(_("scheduled at"), default=timezone.now)

@@ -37,7 +37,7 @@ def run_next(wf):
 def xmin(model, pk):
     """The id of the transaction that last wrote the row."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT xmin::text::bigint FROM {model._meta.db_table} WHERE id = %s", [pk])  # noqa: S608
+        cursor.execute(f"SELECT xmin::text::bigint FROM {model._meta.db_table} WHERE id = %s", [pk])
         return cursor.fetchone()[0]
 
 

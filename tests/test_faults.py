@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from pgbus_workflows import clock, sweep
 from pgbus_workflows.exceptions import PayloadNotSerializable
-from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
 from pgbus_workflows.services.body import Chain
 from pgbus_workflows.services.claims import claim_due_steps, claim_step, stall
@@ -525,3 +525,24 @@ def test_a_body_whose_database_connection_is_lost_stalls_instead_of_going_to_its
     run_first_step(wf)
     assert wf.reload().status == "finished"
     assert ran("loses-connection") == 2
+
+
+def test_the_new_counters_have_database_defaults_for_code_deployed_before_them():
+    """A dispatcher of the previous release inserts rows without these columns (a rolling deploy)."""
+    wf = Squares.start(count=1)
+    run_first_step(wf)
+    job = FanOutJob.objects.get(run=wf.record)
+    columns = [f.column for f in FanOutJob._meta.concrete_fields if f.name not in ("id", "stalls")]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {FanOutJob._meta.db_table} ({', '.join(columns)}) "
+            f"SELECT {', '.join(c if c != 'index' else 'index + 1' for c in columns)} "
+            f"FROM {FanOutJob._meta.db_table} WHERE id = %s RETURNING stalls",
+            [job.pk],
+        )
+        assert cursor.fetchone() == (0,)
+        cursor.execute(
+            f"INSERT INTO {Dispatcher._meta.db_table} (name, hostname, pid, queues, concurrency, started_at, "
+            "heartbeat_at) VALUES ('old', 'h', 1, '[]', 1, now(), now()) RETURNING workers_alive"
+        )
+        assert cursor.fetchone() == (0,)

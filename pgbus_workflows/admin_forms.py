@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, cast
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from .exceptions import PayloadNotSerializable, PayloadTooLarge
 from .models import WorkflowRun, WorkflowStep
 from .registry import registry
 from .services import operator
+from .services.payload import encode_payload
 from .services.signals import deliver_signal
 from .states import ONGOING_RUN, TERMINAL_RUN, RunStatus, StepStatus
 
@@ -82,11 +84,17 @@ class SignalForm(ReasonForm):
         if not text:
             return None
         try:
-            return json.loads(text)
+            value = json.loads(text)
         except json.JSONDecodeError as error:
             raise forms.ValidationError(
                 _("This is not valid JSON: %(error)s"), code="invalid_json", params={"error": error}
             ) from error
+        except RecursionError as error:
+            raise forms.ValidationError(_("This JSON is nested too deeply."), code="too_deep") from error
+        try:
+            return encode_payload(value, "The payload")
+        except (PayloadNotSerializable, PayloadTooLarge) as error:
+            raise forms.ValidationError(str(error), code="unstorable") from error
 
     def clean_idempotency_key(self) -> str | None:
         """None rather than an empty key, so that an empty field never deduplicates."""

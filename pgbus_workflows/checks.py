@@ -16,6 +16,8 @@ from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration
 
 _POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
+#: PostgreSQL truncates identifiers (a LISTEN channel) to 63 bytes; queue names are varchar(255).
+_MAX_BYTES = {"DEFAULT_QUEUE": 255, "NOTIFY_CHANNEL": 63}
 
 
 @register(Tags.compatibility)
@@ -59,6 +61,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         value = raw.get(key, "x")
         if not isinstance(value, str) or not value:
             errors.append(_error(key, f"must be a non-empty string, got {value!r}", "E007"))
+        elif len(value.encode("utf-8")) > _MAX_BYTES[key]:
+            errors.append(_error(key, f"must be at most {_MAX_BYTES[key]} bytes, got {len(value.encode())}", "E010"))
     module = raw.get("AUTODISCOVER_MODULE", "workflows")
     if module is not None and (not isinstance(module, str) or not module):
         errors.append(_error("AUTODISCOVER_MODULE", f"must be a module name or None, got {module!r}", "E008"))

@@ -30,6 +30,9 @@ Duration = timedelta | int | float
 WaitSpec = Duration | Callable[[int], Duration] | None
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The longest queue name the steps table stores (``varchar(255)``).
+MAX_QUEUE_LENGTH = 255
+
 
 def coerce_duration(value: Any, what: str) -> timedelta:
     """Return a non-negative ``timedelta`` from seconds or a timedelta, or raise ConfigurationError."""
@@ -217,6 +220,8 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
     queue = options.get("queue")
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
+    if queue is not None and len(queue) > MAX_QUEUE_LENGTH:
+        raise ConfigurationError(f"queue must be at most {MAX_QUEUE_LENGTH} characters, got {len(queue)}")
     max_attempts = options.get("max_attempts", 1)
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ConfigurationError(f"max_attempts must be a positive integer, got {max_attempts!r}")

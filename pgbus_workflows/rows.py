@@ -42,9 +42,16 @@ Statement = tuple[str, list[Any]]
 def run_batch(statements: Sequence[Statement]) -> None:
     """Run statements that return nothing, in one round trip where the database allows it.
 
-    On PostgreSQL, Django's client-side binding cursor sends them as one simple query.
+    On PostgreSQL, Django's client-side binding cursor sends them as one simple query; with
+    ``OPTIONS={"server_side_binding": True}`` (where one query may hold one statement) they
+    go in a pipeline instead, still one round trip.
     """
     if not statements:
+        return
+    if connection.vendor == "postgresql" and len(statements) > 1 and _server_side_binding():
+        with pipeline() as raw:
+            for sql, params in statements:
+                raw.execute(sql, params)
         return
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql" and len(statements) > 1:
@@ -52,6 +59,10 @@ def run_batch(statements: Sequence[Statement]) -> None:
         else:
             for sql, params in statements:
                 cursor.execute(sql, params)
+
+
+def _server_side_binding() -> bool:
+    return bool(connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"))
 
 
 def update(instance: Model, names: Sequence[str]) -> None:

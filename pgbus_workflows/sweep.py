@@ -15,7 +15,7 @@ is logged and retried next time without stopping the others):
   ``STALL_THRESHOLD`` ago is resolved as the last job would have resolved it.
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
   runs older than ``RETENTION`` are deleted in batches of 500, at most ten batches a sweep;
-  their steps, events and signals go with them.
+  their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
   every registered class, sent as the ``workflow_gauge`` Django signal.
 
@@ -114,9 +114,21 @@ def delete_expired_runs(now: datetime, batch_size: int = BATCH_SIZE, max_batches
             )
             if not ids:
                 return deleted
-            WorkflowRun.objects.filter(pk__in=ids, status__in=TERMINAL_RUN).delete()
+            _delete_runs(ids)
         deleted += len(ids)
     return deleted
+
+
+def _delete_runs(ids: list[int]) -> None:
+    """Delete terminal runs; on PostgreSQL one statement, the database cascading to their rows."""
+    if connection.vendor != "postgresql":
+        WorkflowRun.objects.filter(pk__in=ids, status__in=TERMINAL_RUN).delete()
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(_DELETE_RUNS, [ids, sorted(TERMINAL_RUN)])
+
+
+_DELETE_RUNS = f"DELETE FROM {WorkflowRun._meta.db_table} WHERE id = ANY(%s) AND status = ANY(%s)"  # noqa: S608
 
 
 def status_counts() -> dict[tuple[str, str], int]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .definitions import OnException, StepDefinition, ordered_steps, with_name
+from django.core.exceptions import ValidationError
+
+from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition, ordered_steps, with_name
 from .exceptions import ConfigurationError, StepNotDefined
 from .registry import registry
 from .step_body import FlowControl, StepBody, StepContext
@@ -80,6 +82,10 @@ def _validate(cls: type) -> None:
     queue = options.get("queue")
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise ConfigurationError(f"{cls.__qualname__}.step_options['queue'] must be a non-empty string, got {queue!r}")
+    if queue is not None and len(queue) > MAX_QUEUE_LENGTH:
+        raise ConfigurationError(
+            f"{cls.__qualname__}.step_options['queue'] must be at most {MAX_QUEUE_LENGTH} characters, got {len(queue)}"
+        )
     priority = options.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ConfigurationError(f"{cls.__qualname__}.step_options['priority'] must be an integer, got {priority!r}")
@@ -172,7 +178,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
 
         try:
             record = WorkflowRun.objects.filter(workflow_id=workflow_id).first()
-        except Exception:  # a malformed UUID is simply not found
+        except (ValidationError, ValueError, TypeError):  # a malformed UUID is simply not found
             return None
         if record is None:
             return None

@@ -527,6 +527,24 @@ def test_signal_with_bad_json_is_a_form_error_and_changes_nothing(operator_clien
     assert snapshot(wf) == before
 
 
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('{"note": "nul\\u0000"}', "NUL character"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_signal_with_a_payload_postgresql_cannot_store_is_a_form_error_not_a_500(operator_client, payload, message):
+    wf = waiting_run()
+    before = snapshot(wf)
+    response = operator_client.post(
+        operation_url(wf, "signal"), {"name": "approved", "payload": payload, "reason": "x"}
+    )
+    assert response.status_code == 200
+    assert message in response.context["form"].errors["payload"][0]
+    assert snapshot(wf) == before
+
+
 def test_signal_with_a_repeated_idempotency_key_changes_nothing(operator_client):
     wf = ready_run()
     data = {"name": "later_use", "payload": "", "idempotency_key": "evt-9", "reason": "x"}
@@ -738,15 +756,15 @@ def test_json_helpers_render_arguments_as_indented_json(operator_client):
     assert expected.replace('"', "&quot;") in html
 
 
-def test_signal_over_the_payload_limit_warns_and_changes_nothing(operator_client):
+def test_signal_over_the_payload_limit_is_a_form_error_and_changes_nothing(operator_client):
     wf = waiting_run()
     before = snapshot(wf)
     payload = json.dumps({"blob": "x" * 5000})  # the test settings allow 4096 bytes
     response = operator_client.post(
         operation_url(wf, "signal"), {"name": "approved", "payload": payload, "reason": "x"}
     )
-    ((level, text),) = messages_of(response)
-    assert level == WARNING and "MAX_PAYLOAD_SIZE" in text
+    assert response.status_code == 200
+    assert "MAX_PAYLOAD_SIZE" in response.context["form"].errors["payload"][0]
     assert snapshot(wf) == before
 
 

@@ -640,15 +640,14 @@ def test_admin_signal_form_with_bad_input_shows_a_form_error_and_changes_nothing
     assert wf.reload().status == "waiting"
 
 
-def test_admin_signal_with_an_oversize_payload_warns_and_changes_nothing(admin_client, order):
+def test_admin_signal_with_an_oversize_payload_is_a_form_error_and_changes_nothing(admin_client, order):
     wf = waiting_run(order)
     data = {"name": "go", "payload": f'{{"blob": "{BIG}"}}', "reason": "x"}
     with changes_nothing():
         response = admin_client.post(operation_url(wf, "signal"), data)
-    assert response.status_code == 302 and response["Location"].endswith(f"/{wf.record.pk}/change/")
-    ((level, text),) = messages_of(response)
-    assert level == WARNING
-    assert "signal 'go' payload is" in text and f"over MAX_PAYLOAD_SIZE ({LIMIT} bytes)" in text
+    assert response.status_code == 200
+    (text,) = response.context["form"].errors["payload"]
+    assert "The payload is" in text and f"over MAX_PAYLOAD_SIZE ({LIMIT} bytes)" in text
 
 
 @pytest.mark.parametrize("payload", ["NaN", "[Infinity]", '{"n": -Infinity}'])

@@ -27,6 +27,8 @@ def encode_payload(value: Any, what: str) -> Any:
         text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as error:
         raise PayloadNotSerializable(f"{what} must be JSON-serialisable (DjangoJSONEncoder): {error}") from error
+    except RecursionError as error:
+        raise PayloadNotSerializable(f"{what} is nested too deeply to be stored as JSON") from error
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise PayloadNotSerializable(
             f"{what} contains a NUL character (\\x00), which PostgreSQL cannot store in JSON: remove it, "

@@ -1,0 +1,84 @@
+"""The live schema keeps the models' promises: read from pg_index and pg_constraint after migrate.
+
+``makemigrations --check`` compares migration state with the models; these compare the
+database itself, so an index a migration lost (as the first 0002 lost
+``pgbus_wf_one_active_step_per_run``) fails here.
+"""
+
+import uuid
+
+import pytest
+from django.apps import apps
+from django.db import IntegrityError, connection, transaction
+
+from pgbus_workflows import schema
+from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step
+from tests.testapp.workflows import Counted, Squares, Waits
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODELS = list(apps.get_app_config("pgbus_workflows").get_models())
+
+
+def test_every_declared_index_constraint_and_on_delete_is_in_the_live_database():
+    assert schema.differences(connection, MODELS) == []
+
+
+def test_the_comparison_sees_a_lost_index():
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX pgbus_wf_one_active_step_per_run")
+    try:
+        found = [str(d) for d in schema.differences(connection, MODELS)]
+        assert found == ["pgbus_workflows_workflowstep.pgbus_wf_one_active_step_per_run: index missing"]
+    finally:
+        with connection.schema_editor(atomic=False) as editor:
+            assert schema.restore_declared(editor, MODELS) == ["pgbus_wf_one_active_step_per_run"]
+    assert schema.differences(connection, MODELS) == []
+
+
+def insert_copy(row, **changes):
+    """INSERT a copy of ``row`` with ``changes``, in raw SQL as a DBA's script would."""
+    model = type(row)
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    values = [changes.get(f.attname, f.get_db_prep_save(getattr(row, f.attname), connection)) for f in fields]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {model._meta.db_table} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})", values
+        )
+
+
+def test_postgresql_itself_refuses_a_second_active_step_for_a_run():
+    wf = Counted.start()
+    step = WorkflowStep.objects.get(run=wf.record)
+
+    with pytest.raises(IntegrityError, match="pgbus_wf_one_active_step_per_run"):
+        insert_copy(step, step_name="second", status="in_progress")
+    insert_copy(step, step_name="second", status="completed")  # ended attempts are not limited
+
+
+def test_postgresql_itself_refuses_a_second_ongoing_run_for_a_subject(order):
+    wf = Counted.start(order)
+
+    with pytest.raises(IntegrityError, match="pgbus_wf_one_ongoing_per_subject"):
+        insert_copy(wf.record, workflow_id=uuid.uuid4())
+    insert_copy(wf.record, workflow_id=uuid.uuid4(), status="finished")  # finished runs do not count
+
+
+def test_a_plain_delete_of_a_run_cascades_in_the_database():
+    fan = Squares.start(count=2)
+    claimed = claim_due_steps(10, claimed_by="t")
+    for step in claimed:
+        execute_step(step)
+    waiting = Waits.start()
+    waiting.signal("approved")
+    runs = [fan.record.pk, waiting.record.pk]
+    assert FanOutJob.objects.filter(run_id__in=runs).exists() and WorkflowSignal.objects.exists()
+
+    with connection.cursor() as cursor:  # an ops script's DELETE, no ORM collector
+        cursor.execute(f"DELETE FROM {WorkflowRun._meta.db_table} WHERE id = ANY(%s)", [runs])
+
+    for model in (WorkflowStep, WorkflowEvent, WorkflowSignal, FanOutJob):
+        assert not model.objects.filter(run_id__in=runs).exists(), model.__name__

@@ -32,6 +32,7 @@ from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from .services.claims import claim_due_steps, stall
 from .services.fanout import claim_due_jobs, recover_jobs
+from .session import connection_params, probe_listen
 from .states import RunStatus, StepStatus
 from .sweep import Sweeper
 from .workers import WorkerPool
@@ -292,10 +293,20 @@ class WorkflowDispatcher:
 
         backoff = 0.5
         channel = settings.NOTIFY_CHANNEL
+        probed = False
         while not self._stopping.is_set():
             try:
-                with psycopg.connect(**_listen_params(), autocommit=True) as conn:
+                with psycopg.connect(**connection_params(), autocommit=True) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    if not probed:
+                        probed = True
+                        if not probe_listen(conn, channel):
+                            logger.warning(
+                                "LISTEN on %s does not receive notifications (a connection pool in "
+                                "transaction mode?): wake-ups fall back to the poll every POLL_INTERVAL. "
+                                "Point dispatchers at PostgreSQL directly or at a session-mode pool.",
+                                channel,
+                            )
                     self._wake.set()  # anything sent while we were away
                     backoff = 0.5
                     while not self._stopping.is_set():
@@ -306,13 +317,6 @@ class WorkflowDispatcher:
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", str(error).strip(), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
-
-
-def _listen_params() -> dict[str, Any]:
-    """psycopg connection parameters for the default database, from Django's settings."""
-    params = connection.get_connection_params()
-    keep = ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "options")
-    return {k: v for k, v in params.items() if k in keep and v not in (None, "")}
 
 
 @contextmanager

@@ -45,6 +45,7 @@ from .services.claims import stall
 from .services.fanout import recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
 from .services.waiting import expire_due_waits
+from .session import TransactionLock
 from .states import TERMINAL_RUN, RunStatus, StepStatus
 
 logger = logging.getLogger("pgbus_workflows")
@@ -53,7 +54,8 @@ BATCH_SIZE = 500
 CLEANUP_EVERY = timedelta(hours=1)
 #: Retention batches one sweep deletes at most (a backlog goes on at the next sweep).
 CLEANUP_BATCHES = 10
-#: ``pg_try_advisory_lock`` key held while a dispatcher sweeps ("pgbus" in ASCII).
+#: Advisory lock key held while a dispatcher sweeps ("pgbus" in ASCII): a transaction-level
+#: lock on a connection of its own (``session.TransactionLock``), right behind PgBouncer too.
 SWEEP_LOCK_KEY = 0x7067627573
 STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error")
 
@@ -227,7 +229,8 @@ class Sweeper:
     def run(self, now: datetime | None = None, *, force_cleanup: bool = False) -> dict[str, Any] | None:
         """Run every due phase; None when another dispatcher is sweeping."""
         now = now or clock.now()
-        if not _try_lock():
+        lock = TransactionLock(SWEEP_LOCK_KEY) if connection.vendor == "postgresql" else None
+        if lock is not None and not lock.acquire():
             return None
         try:
             cleanup = (
@@ -250,25 +253,10 @@ class Sweeper:
             if failed:
                 summary["failed"] = failed
         finally:
-            _unlock()
+            if lock is not None:
+                lock.release()
         acted = {k: v for k, v in summary.items() if k != "gauge" and v}
         if acted:
             logger.info("Sweep: %s", ", ".join(f"{k}={v}" for k, v in acted.items()))
         signals.sweep_finished.send(sender="pgbus_workflows", summary=summary)
         return summary
-
-
-def _try_lock() -> bool:
-    if connection.vendor != "postgresql":
-        return True
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [SWEEP_LOCK_KEY])
-        row = cursor.fetchone()
-    return bool(row and row[0])
-
-
-def _unlock() -> None:
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s)", [SWEEP_LOCK_KEY])

@@ -82,3 +82,23 @@ def test_a_plain_delete_of_a_run_cascades_in_the_database():
 
     for model in (WorkflowStep, WorkflowEvent, WorkflowSignal, FanOutJob):
         assert not model.objects.filter(run_id__in=runs).exists(), model.__name__
+
+
+def test_restoring_a_unique_index_the_rows_break_says_which_and_leaves_no_invalid_index():
+    wf = Counted.start()
+    step = WorkflowStep.objects.get(run=wf.record)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX pgbus_wf_one_active_step_per_run")
+    insert_copy(step, step_name="second", status="scheduled")  # what nothing refused meanwhile
+    try:
+        with connection.schema_editor(atomic=False) as editor, pytest.raises(RuntimeError, match="extra attempts"):
+            schema.restore_declared(editor, MODELS)
+        assert [d.problem for d in schema.differences(connection, MODELS)] == ["index missing"]
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            assert cursor.fetchone()[0] == "0"  # the session's own setting again
+    finally:
+        WorkflowStep.objects.filter(run=wf.record, step_name="second").delete()
+        with connection.schema_editor(atomic=False) as editor:
+            schema.restore_declared(editor, MODELS)
+    assert schema.differences(connection, MODELS) == []

@@ -1,0 +1,87 @@
+"""Connections of the dispatcher's own, beside Django's: the LISTEN connection and the sweep lock.
+
+Both must be right behind a connection pool in transaction mode (PgBouncer's
+``pool_mode = transaction``), where consecutive transactions of one client may run on
+different server connections:
+
+- The sweep lock is a *transaction-level* advisory lock (``pg_try_advisory_xact_lock``),
+  held by an open transaction on a connection of its own while the sweep runs. The pool keeps
+  that transaction on one server connection and ends it when the client goes: the lock can
+  never be left behind on a pooled server connection, as a session-level lock could.
+- LISTEN needs a session. :func:`probe_listen` checks that the connection really receives what is
+  sent to it (a probe NOTIFY to itself); through a transaction-mode pool it does not, and
+  the dispatcher says so once and relies on its ``POLL_INTERVAL`` poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from django.db import connection
+
+logger = logging.getLogger("pgbus_workflows")
+
+#: How long the LISTEN probe waits for its own notification.
+PROBE_SECONDS = 2.0
+
+
+def connection_params() -> dict[str, Any]:
+    """psycopg connection parameters for the default database, from Django's settings."""
+    params = connection.get_connection_params()
+    keep = ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert", "sslcert", "sslkey", "options")
+    return {k: v for k, v in params.items() if k in keep and v not in (None, "")}
+
+
+class TransactionLock:
+    """A transaction-level advisory lock on ``key``, on a connection of its own.
+
+    ``acquire()`` returns False at once when another holds it; ``release()`` ends the
+    transaction (and the connection), which releases the lock.
+    """
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self._conn: Any = None
+
+    def acquire(self) -> bool:
+        """Take the lock, or return False when another session holds it."""
+        import psycopg
+
+        conn = psycopg.connect(**connection_params())
+        try:
+            row = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", [self.key]).fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        if not (row and row[0]):
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def release(self) -> None:
+        """Roll the transaction back (releasing the lock) and close the connection."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def probe_listen(conn: Any, channel: str) -> bool:
+    """Whether ``conn`` (after LISTEN on ``channel``) receives a notification sent to it.
+
+    Through a transaction-mode pool the LISTEN stays on a server connection the client no
+    longer holds, and the probe never comes back.
+    """
+    from psycopg import sql
+
+    probe = f"probe:{uuid.uuid4().hex}"
+    conn.execute(sql.SQL("SELECT pg_notify({}, {})").format(sql.Literal(channel), sql.Literal(probe)))
+    deadline = time.monotonic() + PROBE_SECONDS
+    while (left := deadline - time.monotonic()) > 0:
+        for note in conn.notifies(timeout=left, stop_after=1):
+            if note.payload == probe:
+                return True
+    return False

@@ -18,9 +18,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -93,10 +94,12 @@ class WorkflowDispatcher:
         self.pool.start()
         # Heartbeat and sweep each on a thread (and connection) of their own: a long sweep
         # never delays claims, and a busy loop never lets the heartbeat go stale.
-        self._start_thread("pgbus-heartbeat", self._beat)
+        beat = settings.HEARTBEAT_INTERVAL.total_seconds()
+        self._start_thread("pgbus-heartbeat", partial(self._every, "Heartbeat", beat, self._heartbeat))
         if not self.once:
             if self.sweep:
-                self._start_thread("pgbus-sweep", self._sweep_loop)
+                every = settings.SWEEP_INTERVAL.total_seconds()
+                self._start_thread("pgbus-sweep", partial(self._every, "Sweep", every, self.sweeper.run))
             if connection.vendor == "postgresql" and not self.sweep_only:
                 self._start_thread("pgbus-listener", self._listen)
         with _stop_signals(self._on_signal):
@@ -148,34 +151,18 @@ class WorkflowDispatcher:
             logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
             self._register()
 
-    def _beat(self) -> None:
-        """The heartbeat thread: every ``HEARTBEAT_INTERVAL``, whatever the other threads do."""
-        interval = settings.HEARTBEAT_INTERVAL.total_seconds()
+    def _every(self, what: str, interval: float, work: Callable[[], object]) -> None:
+        """A thread's loop: ``work`` now and every ``interval`` seconds until stopped; errors are logged."""
         try:
             while not self._stopping.is_set():
                 try:
-                    self._heartbeat()
+                    work()
                 except DB_ERRORS as error:
-                    logger.warning("Heartbeat failed (%s); trying again in %.0fs", str(error).strip(), interval)
-                    connection.close()
-                self._stopping.wait(interval)
-        finally:
-            connection.close()
-
-    def _sweep_loop(self) -> None:
-        """The sweep thread: the sweep every ``SWEEP_INTERVAL`` (the first at once)."""
-        interval = settings.SWEEP_INTERVAL.total_seconds()
-        try:
-            while not self._stopping.is_set():
-                try:
-                    self.sweeper.run()
-                except DB_ERRORS as error:
-                    logger.warning("Sweep failed (%s); trying again in %.0fs", str(error).strip(), interval)
+                    logger.warning("%s failed (%s); trying again in %.1fs", what, str(error).strip(), interval)
                     connection.close()
                 except Exception:
-                    logger.exception("Sweep failed; trying again in %.0fs", interval)
-                if self._stopping.wait(interval):
-                    return
+                    logger.exception("%s failed; trying again in %.1fs", what, interval)
+                self._stopping.wait(interval)
         finally:
             connection.close()
 

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -51,6 +52,27 @@ def ran(label):
 
 def kinds(wf):
     return list(WorkflowEvent.objects.filter(run=wf.record).order_by("pk").values_list("kind", flat=True))
+
+
+@contextmanager
+def run_locked_elsewhere(run_pk):
+    """Another connection holds the run's row lock (as an atomic body or an operator would) for the block."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        with transaction.atomic():
+            WorkflowRun.objects.select_for_update().get(pk=run_pk)
+            holding.set()
+            release.wait(30)
+
+    holder = Worker(hold_the_lock)
+    holder.start()
+    assert holding.wait(10)
+    try:
+        yield holder
+    finally:
+        release.set()
+        holder.finish()
 
 
 # -- a body that raises a BaseException ------------------------------------------------------
@@ -350,45 +372,21 @@ def test_the_sweep_passes_over_a_locked_run_and_serves_the_others():
     WorkflowStep.objects.filter(pk=stuck_step.pk).update(stall_at=clock.now() - timedelta(seconds=1))
     waiting = faults.TimesOut.start()
     run_first_step(waiting)
-    holding = threading.Event()
 
-    def hold_the_lock():
-        with transaction.atomic():
-            WorkflowRun.objects.select_for_update().get(pk=stuck.record.pk)
-            holding.set()
-            time.sleep(3)
+    with run_locked_elsewhere(stuck.record.pk) as holder:
+        summary = Sweeper().run(now=clock.now() + timedelta(seconds=2))
+        assert holder.is_alive(), "the sweep waited for the lock"
 
-    holder = Worker(hold_the_lock)
-    holder.start()
-    assert holding.wait(10)
-
-    summary = Sweeper().run(now=clock.now() + timedelta(seconds=2))
-
-    assert holder.is_alive(), "the sweep waited for the lock"
     assert summary["stalled"] == 0 and summary["wait_timeouts"] == 1
     assert WorkflowStep.objects.get(pk=stuck_step.pk).status == "in_progress"
-    holder.finish()
     assert Sweeper().run(now=clock.now() + timedelta(seconds=2))["stalled"] == 1
 
 
 def test_stall_with_skip_locked_refuses_to_wait():
     wf = Counted.start()
     step = claim_step(WorkflowStep.objects.get(run=wf.record).pk, "gone")
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_lock():
-        with transaction.atomic():
-            WorkflowRun.objects.select_for_update().get(pk=wf.record.pk)
-            holding.set()
-            release.wait(10)
-
-    holder = Worker(hold_the_lock)
-    holder.start()
-    assert holding.wait(10)
-    with pytest.raises(RunLocked):
+    with run_locked_elsewhere(wf.record.pk), pytest.raises(RunLocked):
         stall(step.pk, wf.record.pk, detection="dead_dispatcher", skip_locked=True)
-    release.set()
-    holder.finish()
     assert stall(step.pk, wf.record.pk, detection="dead_dispatcher", skip_locked=True)
 
 
@@ -440,20 +438,8 @@ def test_retention_is_bounded_per_sweep_and_works_off_a_backlog_over_the_next_sw
 def test_retention_skips_a_run_another_transaction_holds():
     expired_runs(3)
     first = WorkflowRun.objects.order_by("pk").first()
-    holding, release = threading.Event(), threading.Event()
-
-    def hold_the_lock():
-        with transaction.atomic():
-            WorkflowRun.objects.select_for_update().get(pk=first.pk)
-            holding.set()
-            release.wait(10)
-
-    holder = Worker(hold_the_lock)
-    holder.start()
-    assert holding.wait(10)
-    assert delete_expired_runs(clock.now()) == 2
-    release.set()
-    holder.finish()
+    with run_locked_elsewhere(first.pk):
+        assert delete_expired_runs(clock.now()) == 2
     assert list(WorkflowRun.objects.values_list("pk", flat=True)) == [first.pk]
 
 

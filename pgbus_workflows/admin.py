@@ -28,7 +28,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from . import clock
-from .admin_forms import OPERATIONS
+from .admin_forms import OPERATIONS, Operation
 from .admin_views import (
     bulk_operation,
     change_url,
@@ -265,28 +265,37 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     def skip_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
         return bulk_operation(self, request, queryset, "skip")
 
-    def _has(self, request: HttpRequest, permission: str) -> bool:
-        return request.user.has_perm(f"pgbus_workflows.{permission}_workflowrun")
+    def _has(self, request: HttpRequest, permission: str, obj: Model | None) -> bool:
+        """The model permission, or (for object-level backends) the permission on ``obj``."""
+        codename = f"pgbus_workflows.{permission}_workflowrun"
+        return request.user.has_perm(codename) or (obj is not None and request.user.has_perm(codename, obj))
 
-    def has_pause_permission(self, request: HttpRequest) -> bool:
+    def has_pause_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         """Pause and resume."""
-        return self._has(request, "pause")
+        return self._has(request, "pause", obj)
 
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "cancel")
+    def has_cancel_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return self._has(request, "cancel", obj)
 
-    def has_rerun_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "rerun")
+    def has_rerun_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return self._has(request, "rerun", obj)
 
-    def has_run_now_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "run_now")
+    def has_run_now_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return self._has(request, "run_now", obj)
 
-    def has_skip_permission(self, request: HttpRequest) -> bool:
+    def has_skip_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         """Skip the current step, and resume at a chosen step."""
-        return self._has(request, "skip")
+        return self._has(request, "skip", obj)
 
-    def has_signal_permission(self, request: HttpRequest) -> bool:
-        return self._has(request, "signal")
+    def has_signal_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return self._has(request, "signal", obj)
+
+    def may_operate(self, request: HttpRequest, op: Operation, run: WorkflowRun | None = None) -> bool:
+        """Whether the user may run ``op`` (on ``run``): its ``has_<permission>_permission``, and,
+        on a run, the view permission on it too. The menu, the buttons, the forms and the bulk
+        actions all ask this, so overriding one ``has_<x>_permission`` changes all of them."""
+        allowed = getattr(self, f"has_{op.permission}_permission")(request, run)
+        return bool(allowed) and (run is None or self.has_view_permission(request, run))
 
     # views
 
@@ -305,7 +314,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         # an operator console refuses it outright, so that a forged POST is visibly denied.
         for action in request.POST.getlist("action") if request.method == "POST" else []:
             verb = action.removesuffix("_runs")
-            if action.endswith("_runs") and verb in OPERATIONS and not self._has(request, OPERATIONS[verb].permission):
+            if action.endswith("_runs") and verb in OPERATIONS and not self.may_operate(request, OPERATIONS[verb]):
                 raise PermissionDenied
         dashboard = reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_dashboard")
         return super().changelist_view(request, {"dashboard_url": dashboard, **(extra_context or {})})
@@ -315,7 +324,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     ) -> HttpResponse:
         run = self.get_object(request, unquote(object_id))
         if run is not None and self.has_view_permission(request, run):
-            extra_context = {**run_page_context(self.admin_site, request, run), **(extra_context or {})}
+            extra_context = {**run_page_context(self, request, run), **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context)
 
     def operation_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
@@ -330,7 +339,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request),
             "title": _("Workflows dashboard"),
             "opts": self.opts,
-            **dashboard_context(self.admin_site, clock.now()),
+            **dashboard_context(self.admin_site, request, clock.now()),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/pgbus_workflows/dashboard.html", context)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.contrib import messages
 from django.contrib.admin import helpers
+from django.contrib.admin.exceptions import NotRegistered
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
@@ -34,13 +35,15 @@ from . import clock
 from .admin_forms import OPERATIONS, Operation, ReasonForm, allowed_verbs, perform
 from .conf import settings
 from .exceptions import WorkflowError
-from .models import Dispatcher, WorkflowRun, WorkflowStep
+from .models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from .services.fanout import progress
 from .states import ACTIVE_STEP, RunStatus, StepStatus
 from .sweep import STUCK_REASONS, gauge
 
 if TYPE_CHECKING:
-    from django.contrib.admin import AdminSite, ModelAdmin
+    from django.contrib.admin import AdminSite
+
+    from .admin import WorkflowRunAdmin
 
 
 def change_url(site_name: str, model_name: str, pk: Any) -> str:
@@ -116,19 +119,22 @@ def _report(op: Operation, done: int, refused: Counter[str]) -> str:
 
 
 def bulk_operation(
-    modeladmin: ModelAdmin[WorkflowRun], request: HttpRequest, queryset: QuerySet[WorkflowRun], verb: str
+    modeladmin: WorkflowRunAdmin, request: HttpRequest, queryset: QuerySet[WorkflowRun], verb: str
 ) -> HttpResponse | None:
     """A changelist action: ask for a reason, then apply the verb to each selected run."""
     op = OPERATIONS[verb]
-    if not request.user.has_perm(op.codename):  # the changelist checks too; this keeps the action safe alone
+    if not modeladmin.may_operate(request, op):  # the changelist checks too; this keeps the action safe alone
         raise PermissionDenied
     form = ReasonForm(request.POST if "post" in request.POST else None)
     if form.is_valid():
         done, refused = 0, Counter[str]()
         actor = request.user.get_username()
-        for pk in queryset.order_by("pk").values_list("pk", flat=True):
+        for run in queryset.order_by("pk").iterator():
+            if not modeladmin.may_operate(request, op, run):
+                refused[_("you may not %(verb)s it") % {"verb": op.verb.replace("_", " ")}] += 1
+                continue
             try:
-                perform(op, pk, form.cleaned_data, actor)
+                perform(op, run.pk, form.cleaned_data, actor)
             except WorkflowRun.DoesNotExist:
                 refused[_("it no longer exists")] += 1
             except WorkflowError as error:
@@ -155,14 +161,14 @@ def bulk_operation(
     return TemplateResponse(request, "admin/pgbus_workflows/workflowrun/bulk_confirmation.html", context)
 
 
-def operation_view(
-    modeladmin: ModelAdmin[WorkflowRun], request: HttpRequest, object_id: str, verb: str
-) -> HttpResponse:
+def operation_view(modeladmin: WorkflowRunAdmin, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
     """The form behind a run page's button: GET shows it, POST calls the verb and goes back."""
     op = OPERATIONS[verb]
-    if not request.user.has_perm(op.codename):
+    if not modeladmin.has_view_permission(request):
         raise PermissionDenied
     run = modeladmin.get_object(request, object_id)
+    if run is not None and not modeladmin.may_operate(request, op, run):
+        raise PermissionDenied  # the verb's permission, and the view permission on this very run
     if run is None:
         message = _("There is no workflow run with ID “%(key)s”. Perhaps it was deleted?") % {"key": object_id}
         modeladmin.message_user(request, message, messages.WARNING)
@@ -207,44 +213,59 @@ def operation_view(
 # -- the run page ----------------------------------------------------------------------------------
 
 
-def run_page_context(site: AdminSite, request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
-    """The run page below its fields: buttons, timeline of attempts, events, signals."""
+def may_view(site: AdminSite, request: HttpRequest, model: type[Model]) -> bool:
+    """Whether the user may see ``model``'s rows, as its registered ``ModelAdmin`` says."""
+    try:
+        return bool(site.get_model_admin(model).has_view_permission(request))
+    except NotRegistered:
+        return False
+
+
+def run_page_context(modeladmin: WorkflowRunAdmin, request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
+    """The run page below its fields: buttons, timeline of attempts, events, signals.
+
+    The attempts (their outputs and tracebacks), the events and the signals (their payloads)
+    are shown only to users who may view those rows; None tells the template to leave them out.
+    """
+    site = modeladmin.admin_site
     steps = list(run.steps.order_by("pk"))
-    events = list(run.events.order_by("pk"))
-    signals = list(run.signals.order_by("pk"))
     active = next((s for s in steps if s.status in ACTIVE_STEP), None)
     allowed = allowed_verbs(run, active, clock.now())
     buttons = [
         (op, reverse(f"{site.name}:pgbus_workflows_workflowrun_{op.verb}", args=[quote(run.pk)]))
         for op in OPERATIONS.values()
-        if op.verb in allowed and request.user.has_perm(op.codename)
+        if op.verb in allowed and modeladmin.may_operate(request, op, run)
     ]
-    timeline = [
-        {
-            "step": step,
-            "url": change_url(site.name, "workflowstep", step.pk),
-            "status": status_badge(step.status, step.get_status_display()),
-            "duration": format_duration(step.finished_at - step.started_at)
-            if step.started_at and step.finished_at
-            else "",
-            "output": None if step.output is None else pretty_json(step.output),
-            "fan_out": None
-            if step.fan_out_total is None
-            else {**progress(step), "url": changelist_url(site.name, "fanoutjob", step__id__exact=step.pk)},
-        }
-        for step in steps
-    ]
-    return {
-        "operation_buttons": buttons,
-        "timeline": timeline,
-        "events": [(e, change_url(site.name, "workflowevent", e.pk), pretty_json(e.details)) for e in events],
-        "signals": [
+    context: dict[str, Any] = {"operation_buttons": buttons, "timeline": None, "events": None, "signals": None}
+    if may_view(site, request, WorkflowStep):
+        context["timeline"] = [_timeline_row(site, step) for step in steps]
+    if may_view(site, request, WorkflowEvent):
+        context["events"] = [
+            (e, change_url(site.name, "workflowevent", e.pk), pretty_json(e.details)) for e in run.events.order_by("pk")
+        ]
+    if may_view(site, request, WorkflowSignal):
+        context["signals"] = [
             (s, change_url(site.name, "workflowsignal", s.pk), status_badge(s.status), pretty_json(s.payload))
-            for s in signals
-        ],
+            for s in run.signals.order_by("pk")
+        ]
+    return {
+        **context,
         "steps_url": changelist_url(site.name, "workflowstep", run__id__exact=run.pk),
         "events_url": changelist_url(site.name, "workflowevent", run__id__exact=run.pk),
         "signals_url": changelist_url(site.name, "workflowsignal", run__id__exact=run.pk),
+    }
+
+
+def _timeline_row(site: AdminSite, step: WorkflowStep) -> dict[str, Any]:
+    return {
+        "step": step,
+        "url": change_url(site.name, "workflowstep", step.pk),
+        "status": status_badge(step.status, step.get_status_display()),
+        "duration": format_duration(step.finished_at - step.started_at) if step.started_at and step.finished_at else "",
+        "output": None if step.output is None else pretty_json(step.output),
+        "fan_out": None
+        if step.fan_out_total is None
+        else {**progress(step), "url": changelist_url(site.name, "fanoutjob", step__id__exact=step.pk)},
     }
 
 
@@ -279,8 +300,11 @@ def bar_chart(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     }
 
 
-def dashboard_context(site: AdminSite, now: datetime) -> dict[str, Any]:
-    """Runs by class and status and by stuck reason (``sweep.gauge``), dispatchers, last hour's steps."""
+def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> dict[str, Any]:
+    """Runs by class and status and by stuck reason (``sweep.gauge``), dispatchers, last hour's steps.
+
+    The dispatchers (hosts and PIDs) only for users who may view them.
+    """
     data = gauge(now)
     runs = partial(changelist_url, site.name, "workflowrun")
     by_class: dict[str, dict[str, Any]] = {}
@@ -315,7 +339,7 @@ def dashboard_context(site: AdminSite, now: datetime) -> dict[str, Any]:
         "all_runs_url": runs(),
         "status_chart": bar_chart(rows, "statuses"),
         "stuck_chart": bar_chart([{**r, "total": r["stuck_total"]} for r in rows], "stuck"),
-        "dispatchers": _dispatchers(now),
+        "dispatchers": _dispatchers(now) if may_view(site, request, Dispatcher) else None,
         "recent_steps": _recent_steps(site, now),
         "now": now,
     }

@@ -206,3 +206,21 @@ def test_user_without_pause_permission_sees_no_resume_button(live_server, django
         assert response is not None and response.status == 403
 
     assert failing.reload().status == "paused"
+
+
+def test_a_user_who_may_only_view_runs_sees_no_attempts_events_signals_or_dispatchers(live_server, django_user_model):
+    failing = some_runs()
+    operator(django_user_model, "wendy", "view_workflowrun", "pause_workflowrun")
+
+    with browser_page(live_server) as page:
+        log_in(page, live_server, "wendy")
+        page.goto(f"{live_server.url}/admin/pgbus_workflows/workflowrun/{failing.record.pk}/change/")
+        page.wait_for_selector("#content-main")
+        for section in ("#timeline", "#events", "#signals"):
+            assert page.locator(section).count() == 0, section
+        assert "Traceback" not in page.content()  # tracebacks are on the attempts
+        assert page.locator("a.pgbus-op-resume").count() == 1  # her permission on the run itself
+        page.goto(f"{live_server.url}/admin/pgbus_workflows/workflowrun/dashboard/")
+        page.wait_for_selector("#runs-by-status")
+        assert page.locator("#dispatchers").count() == 0
+        assert "worker-1" not in page.content()

@@ -32,6 +32,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The longest queue name the steps table stores (``varchar(255)``).
 MAX_QUEUE_LENGTH = 255
+#: The longest step name, signal name and job path the tables store (``varchar(255)``).
+MAX_NAME_LENGTH = 255
 
 
 def coerce_duration(value: Any, what: str) -> timedelta:
@@ -209,6 +211,8 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
     names = (wait_for,) if isinstance(wait_for, str) else tuple(wait_for or ())
     if any(not isinstance(n, str) or not n for n in names):
         raise ConfigurationError(f"wait_for must be a signal name or a list of names, got {wait_for!r}")
+    if any(len(n) > MAX_NAME_LENGTH for n in names):
+        raise ConfigurationError(f"wait_for names must be at most {MAX_NAME_LENGTH} characters (a signal's name is)")
     on_timeout = options.get("on_timeout") or "pause"
     if on_timeout not in TIMEOUT_ACTIONS:
         raise ConfigurationError(f"Unknown on_timeout {on_timeout!r}: use one of {', '.join(TIMEOUT_ACTIONS)}")
@@ -336,6 +340,8 @@ def job_path(function: Any) -> str:
     if "." in function.__qualname__ or "<" in function.__qualname__:
         raise ConfigurationError(f"A fan-out job must be a module-level function, not {function.__qualname__}")
     path = f"{function.__module__}.{function.__qualname__}"
+    if len(path) > MAX_NAME_LENGTH:
+        raise ConfigurationError(f"A fan-out job's dotted path must be at most {MAX_NAME_LENGTH} characters: {path}")
     if resolve_job(path) is not function:
         raise ConfigurationError(f"{path} does not import back as the same function")
     return path
@@ -371,6 +377,8 @@ def ordered_steps(parent: Iterable[StepDefinition], own: Iterable[StepDefinition
 
 def with_name(definition: StepDefinition, name: str) -> StepDefinition:
     """A copy of ``definition`` under ``name`` (gravestones learn theirs from the class body)."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(f"A step name must be at most {MAX_NAME_LENGTH} characters, got {len(name)}: {name}")
     return replace(definition, name=name)
 
 

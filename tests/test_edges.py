@@ -91,3 +91,17 @@ def test_runs_start_and_run_with_server_side_binding(server_side_binding):
 
     assert wf.reload().status == "finished"
     assert connection.connection.cursor_factory.__name__ != "ClientCursor"
+
+
+def test_a_step_name_or_signal_name_longer_than_the_columns_is_refused_when_the_class_is_defined():
+    long = "s" * 256
+    with pytest.raises(ConfigurationError, match="step name must be at most 255"):
+        type("LongStep", (Workflow,), {"name": "edges_long_step", long: step(lambda self: None)})
+    with pytest.raises(ConfigurationError, match="wait_for names must be at most 255"):
+
+        class LongSignal(Workflow):
+            name = "edges_long_signal"
+
+            @step(wait_for=long)
+            def wait(self):
+                pass

@@ -102,3 +102,23 @@ def test_restoring_a_unique_index_the_rows_break_says_which_and_leaves_no_invali
         with connection.schema_editor(atomic=False) as editor:
             schema.restore_declared(editor, MODELS)
     assert schema.differences(connection, MODELS) == []
+
+
+def test_a_migration_step_gives_up_on_a_lock_rather_than_queueing_behind_a_long_transaction(monkeypatch):
+    import psycopg
+    from django.db import OperationalError
+
+    from pgbus_workflows.session import connection_params
+
+    monkeypatch.setattr(schema, "LOCK_TIMEOUT", "200ms")  # the 10 s of a real migration, shortened
+    with connection.schema_editor(atomic=False) as editor:
+        schema.enforce_on_delete(editor, MODELS, enforce=False)  # something left to do
+    try:
+        with psycopg.connect(**connection_params()) as other:
+            other.execute(f"LOCK TABLE {WorkflowStep._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+            with connection.schema_editor(atomic=False) as editor, pytest.raises(OperationalError, match="lock"):
+                schema.enforce_on_delete(editor, MODELS)
+    finally:
+        with connection.schema_editor(atomic=False) as editor:
+            schema.enforce_on_delete(editor, MODELS)
+    assert schema.differences(connection, MODELS) == []

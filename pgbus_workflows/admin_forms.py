@@ -23,7 +23,7 @@ from .registry import registry
 from .services import operator
 from .services.payload import encode_payload
 from .services.signals import deliver_signal
-from .states import ONGOING_RUN, TERMINAL_RUN, RunStatus, StepStatus
+from .states import ACTIVE_STEP, ONGOING_RUN, TERMINAL_RUN, RunStatus, StepStatus
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise
@@ -78,6 +78,25 @@ class SignalForm(ReasonForm):
     )
     field_order = ["name", "payload", "idempotency_key", "reason"]
 
+    def __init__(self, *args: Any, run: WorkflowRun | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, run=run, **kwargs)
+        klass = registry.get(run.workflow_class) if run is not None else None
+        if klass is None:
+            return  # a class this code does not have: any name (newer code may know it)
+        now = _current_waits(run, klass)
+        later = sorted(klass.signal_names() - set(now))
+        choices: list[tuple[Any, Any]] = []
+        if now:
+            choices.append((_("Waited for now"), [(n, n) for n in now]))
+        if later:
+            choices.append((_("Waited for by other steps (stays pending until then)"), [(n, n) for n in later]))
+        self.fields["name"] = forms.ChoiceField(
+            label=_("Signal name"),
+            choices=choices,
+            initial=now[0] if now else None,
+            help_text=_("The names the workflow's steps wait for (and its extra_signals)."),
+        )
+
     def clean_payload(self) -> Any:
         """The decoded payload (None when empty); bad JSON is a form error."""
         text = self.cleaned_data["payload"].strip()
@@ -99,6 +118,18 @@ class SignalForm(ReasonForm):
     def clean_idempotency_key(self) -> str | None:
         """None rather than an empty key, so that an empty field never deduplicates."""
         return self.cleaned_data["idempotency_key"].strip() or None
+
+
+def _current_waits(run: WorkflowRun | None, klass: Any) -> list[str]:
+    """The signal names the run's active attempt waits for (its step's, after a rename too)."""
+    if run is None:
+        return []
+    active = WorkflowStep.objects.filter(run_id=run.pk, status__in=ACTIVE_STEP).order_by("-pk").first()
+    if active is None:
+        return []
+    definition = klass.step_definition(active.step_name)
+    names = [*(active.wait_for or []), *(definition.wait_for if definition is not None else ())]
+    return list(dict.fromkeys(names))
 
 
 # -- the operations ------------------------------------------------------------------------------
@@ -149,7 +180,9 @@ def allowed_verbs(run: WorkflowRun, active: WorkflowStep | None, now: datetime) 
         if klass is not None and klass.step_definitions():
             allowed.add("resume_at")
     if status in ONGOING_RUN:
-        allowed |= {"cancel", "signal"}
+        allowed.add("cancel")
+        if klass is None or klass.signal_names():
+            allowed.add("signal")  # a class whose steps wait for no signal takes none
         if active is not None and (
             (active.status == StepStatus.SCHEDULED and active.scheduled_at > now)
             or (active.status == StepStatus.WAITING and active.wait_for)

@@ -37,8 +37,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         )
     for key in sorted(set(raw) & DURATION_KEYS):
         value = raw[key]
-        if value is None and key == "RETENTION":
-            continue
+        if key == "RETENTION" and (value is None or (not isinstance(value, bool) and value in (0, timedelta(0)))):
+            continue  # keep forever
         try:
             duration = as_duration(value)
         except (TypeError, ValueError, OverflowError):

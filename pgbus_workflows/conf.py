@@ -28,9 +28,10 @@ DEFAULTS: dict[str, Any] = {
     "AUTODISCOVER_MODULE": "workflows",
     "BATCH_SIZE": 100,
     "MAX_STALLS": 5,
+    "UNKNOWN_STEP_GRACE": 600,
 }
 
-#: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` (keep forever).
+#: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` or ``0`` (keep forever).
 DURATION_KEYS = frozenset(
     {
         "SWEEP_INTERVAL",
@@ -40,6 +41,7 @@ DURATION_KEYS = frozenset(
         "POLL_INTERVAL",
         "HEARTBEAT_INTERVAL",
         "DISPATCHER_DEAD_AFTER",
+        "UNKNOWN_STEP_GRACE",
     }
 )
 
@@ -72,6 +74,7 @@ class WorkflowSettings:
     AUTODISCOVER_MODULE: str | None
     BATCH_SIZE: int
     MAX_STALLS: int | None
+    UNKNOWN_STEP_GRACE: timedelta
 
     def user_values(self) -> dict[str, Any]:
         """The raw dict the project set (empty when it set none)."""
@@ -82,6 +85,8 @@ class WorkflowSettings:
         if name not in DEFAULTS:
             raise AttributeError(f"PGBUS_WORKFLOWS has no setting {name!r}")
         value = self.user_values().get(name, DEFAULTS[name])
+        if name == "RETENTION" and not isinstance(value, bool) and value in (0, timedelta(0)):
+            return None  # as in pgbus: 0 turns the cleanup off
         if name in DURATION_KEYS and value is not None:
             return as_duration(value)
         return value

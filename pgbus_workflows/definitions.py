@@ -6,6 +6,7 @@ import time with a :class:`ConfigurationError` instead of at 3 a.m. in a dispatc
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -147,6 +148,8 @@ class StepDefinition:
     max_attempts: int = 1
     backoff: WaitSpec = None
     on_job_failure: str = "fail"
+    #: Earlier names of this step: runs scheduled or waiting on one continue on this step.
+    renamed_from: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -198,9 +201,25 @@ def _step_policy(on_exception: Any, max_reattempts: Any, given_max: bool) -> OnE
 _UNSET: Any = object()
 
 
+def _check_renamed_from(value: Any) -> tuple[str, ...]:
+    names = (value,) if isinstance(value, str) else value
+    if names is None:
+        return ()
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise ConfigurationError(f"renamed_from must be a step name or a list of step names, got {value!r}")
+    if any(len(n) > MAX_NAME_LENGTH for n in names):
+        raise ConfigurationError(f"renamed_from names must be at most {MAX_NAME_LENGTH} characters")
+    return tuple(names)
+
+
 def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> StepDefinition:
     if not callable(func):
         raise ConfigurationError(f"@{kind} decorates a method, got {func!r}")
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        raise ConfigurationError(
+            f"{func.__qualname__} is an async def: steps run on worker threads and must be plain functions "
+            "(call async code with asgiref's async_to_sync inside the body)"
+        )
     given_max = options.get("max_reattempts", _UNSET) is not _UNSET
     policy = _step_policy(options.get("on_exception"), options.get("max_reattempts"), given_max)
     timeout = options.get("timeout")
@@ -249,6 +268,7 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
         wait_for=names,
         wait_timeout=None if wait_timeout is None else coerce_duration(wait_timeout, "wait_timeout"),
         on_timeout=on_timeout,
+        renamed_from=_check_renamed_from(options.get("renamed_from")),
         options=options,
     )
 
@@ -266,12 +286,13 @@ STEP_OPTIONS = frozenset(
         "queue",
         "priority",
         "atomic",
+        "renamed_from",
     }
 )
 
 
 FAN_OUT_OPTIONS = frozenset(
-    {"wait", "skip_if", "timeout", "on_exception", "max_reattempts", "queue", "priority"}
+    {"wait", "skip_if", "timeout", "on_exception", "max_reattempts", "queue", "priority", "renamed_from"}
     | {"max_attempts", "backoff", "on_job_failure"}
 )
 

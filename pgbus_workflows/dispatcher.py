@@ -30,6 +30,8 @@ from django.db.models import Min
 
 from . import clock
 from .conf import settings
+from .deploy import catalog
+from .migrated import require_migrated
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from .services.claims import claim_due_steps, stall
 from .services.fanout import claim_due_jobs, recover_jobs
@@ -81,7 +83,12 @@ class WorkflowDispatcher:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Serve until stopped (or, with ``once``, until nothing is due); returns 0."""
+        """Serve until stopped (or, with ``once``, until nothing is due); returns 0.
+
+        Raises :class:`~pgbus_workflows.exceptions.NotMigrated` at once when the schema lacks
+        this app's migrations (the command prints it as one line and exits 1).
+        """
+        require_migrated()
         self._register()
         queues = ", ".join(sorted(self.queues)) if self.queues else "all"
         logger.info(
@@ -135,6 +142,7 @@ class WorkflowDispatcher:
                 "pid": os.getpid(),
                 "queues": sorted(self.queues) if self.queues else [],
                 "concurrency": self.concurrency,
+                "catalog": catalog(),
                 "started_at": now,
                 "heartbeat_at": now,
             },

@@ -24,6 +24,25 @@ class AlreadyRunning(WorkflowError):
         self.workflow = workflow
 
 
+class IdempotencyConflict(WorkflowError, ValueError):
+    """``start()`` with an idempotency key already used for another subject or other arguments.
+
+    Nothing is written. ``workflow`` is a handle on the run that holds the key.
+    """
+
+    def __init__(self, message: str, workflow: Any = None) -> None:
+        super().__init__(message)
+        self.workflow = workflow
+
+
+class UnknownSignal(WorkflowError, ValueError):
+    """A signal name that no step of the run's class waits for (and not in ``extra_signals``)."""
+
+
+class NotMigrated(WorkflowError):
+    """The database lacks this app's tables or columns: run ``manage.py migrate``."""
+
+
 class InvalidTransition(WorkflowError):
     """A state move that the transition table does not allow from the run's status."""
 

@@ -273,6 +273,9 @@ class Dispatcher(models.Model):
     concurrency = models.PositiveIntegerField(_("concurrency"), default=1)
     #: Worker threads alive at the last heartbeat (one that died is replaced at once).
     workers_alive = models.PositiveIntegerField(_("workers alive"), default=0, db_default=0)
+    #: ``{class name: step names}`` its code runs (``deploy.catalog``): the sweep pauses a run
+    #: on a step that no live dispatcher knows only after ``UNKNOWN_STEP_GRACE``.
+    catalog = models.JSONField(_("catalog"), default=dict, db_default={}, blank=True)
     started_at = models.DateTimeField(_("started at"), default=timezone.now)
     heartbeat_at = models.DateTimeField(_("heartbeat at"), default=timezone.now)
 

@@ -27,6 +27,9 @@ class WorkflowRegistry:
 
     def __init__(self) -> None:
         self._registry: dict[str, type[Workflow]] = {}
+        #: Classes first defined after the app registry was ready (not by autodiscovery, nor by
+        #: an app's ``ready()``): a dispatcher, which imports only those, may not know them.
+        self._late: set[str] = set()
 
     def register(self, cls: type[Workflow]) -> None:
         """Register ``cls`` under ``cls.name``; a second class with that name is an error.
@@ -42,13 +45,22 @@ class WorkflowRegistry:
                     f"Workflow name {cls.name!r} is taken by {existing.__module__}.{existing.__qualname__}; "
                     f"{cls.__module__}.{cls.__qualname__} needs another `name = ...`"
                 )
+        from django.apps import apps
+
+        if apps.ready and existing is None:
+            self._late.add(cls.name)
         self._registry[cls.name] = cls
+
+    def registered_late(self, name: str) -> bool:
+        """True when the class of ``name`` was defined after Django's app registry was ready."""
+        return name in self._late
 
     def unregister(self, name: str) -> None:
         """Forget the class registered under ``name`` (tests use this)."""
         if name not in self._registry:
             raise NotRegistered(f"No workflow class is registered as {name!r}")
         del self._registry[name]
+        self._late.discard(name)
 
     def is_registered(self, name: str) -> bool:
         """True when a class is registered under ``name``."""

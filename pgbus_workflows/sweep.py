@@ -7,10 +7,14 @@ is logged and retried next time without stopping the others):
   is dead; its in-progress steps get ``STALL_ACTION`` at once (detection ``dead_dispatcher``).
 - ``stalled``: an in-progress step past its ``stall_at`` (started + ``timeout=`` or
   ``STALL_THRESHOLD``) gets ``STALL_ACTION`` (detection ``stall_at``).
+- ``gravestones``: a waiting run parked in a step the code replaced by ``removed_step()``
+  moves on to the next step (``services.deploys``).
 - ``wait_timeouts``: waiting steps of waiting runs past their ``timeout_at`` get their
   ``on_timeout`` (at most 500 x 20 per sweep), so a timeout fires within one interval.
 - ``stalled_jobs``: running fan-out jobs past their ``stall_at`` are retried (or failed
   when their attempts are spent); a dead dispatcher's jobs are put back the same way.
+- ``unknown_steps``: a step due for ``UNKNOWN_STEP_GRACE`` that no live dispatcher's code
+  defines pauses its run with ``StepNotDefined`` recorded (``services.deploys``).
 - ``lost_fan_outs``: a fan-out still waiting although all its jobs ended more than
   ``STALL_THRESHOLD`` ago is resolved as the last job would have resolved it.
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
@@ -42,6 +46,7 @@ from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
 from .services.claims import stall
+from .services.deploys import pause_unknown_steps, skip_parked_gravestones
 from .services.fanout import recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
 from .services.waiting import expire_due_waits
@@ -218,7 +223,9 @@ class Sweeper:
             ("dead_dispatchers", partial(stall_dead_dispatchers, failures=failures)),
             ("stalled", partial(stall_overdue_steps, failures=failures)),
             ("stalled_jobs", partial(recover_jobs, failures=failures)),
+            ("gravestones", partial(skip_parked_gravestones, failures=failures)),
             ("wait_timeouts", partial(expire_due_waits, failures=failures)),
+            ("unknown_steps", partial(pause_unknown_steps, failures=failures)),
             ("lost_fan_outs", partial(resolve_lost_fan_outs, failures=failures)),
         ]
         if cleanup:

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ValidationError
 
-from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition, ordered_steps, with_name
+from .definitions import OnException, StepDefinition, ordered_steps, with_name
 from .exceptions import ConfigurationError, StepNotDefined
 from .registry import registry
 from .step_body import FlowControl, StepBody, StepContext
+from .validation import validate_class
 
 if TYPE_CHECKING:
     from django.db.models import Model, QuerySet
@@ -65,33 +66,12 @@ class WorkflowMeta(type):
             setattr(cls, definition.name, definition)
         parent_steps: tuple[StepDefinition, ...] = getattr(cls, "_step_definitions", ())
         cls._step_definitions = ordered_steps(parent_steps, own)  # type: ignore[attr-defined]
-        _validate(cls)
+        validate_class(cls)
         if not namespace.get("abstract", False) and base is not None:
             cls.name = namespace.get("name") or f"{cls.__module__}.{cls.__qualname__}"  # type: ignore[attr-defined]
+            cls.name_given = bool(namespace.get("name"))  # type: ignore[attr-defined]
             registry.register(cls)  # type: ignore[arg-type]
         return cls
-
-
-def _validate(cls: type) -> None:
-    policies = cls.__dict__.get("exception_policies", [])
-    if not isinstance(policies, list | tuple) or not all(isinstance(p, OnException) for p in policies):
-        raise ConfigurationError(f"{cls.__qualname__}.exception_policies must be a list of OnException")
-    options = cls.__dict__.get("step_options", {})
-    if not isinstance(options, dict) or set(options) - {"queue", "priority"}:
-        raise ConfigurationError(f"{cls.__qualname__}.step_options takes only 'queue' and 'priority'")
-    queue = options.get("queue")
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        raise ConfigurationError(f"{cls.__qualname__}.step_options['queue'] must be a non-empty string, got {queue!r}")
-    if queue is not None and len(queue) > MAX_QUEUE_LENGTH:
-        raise ConfigurationError(
-            f"{cls.__qualname__}.step_options['queue'] must be at most {MAX_QUEUE_LENGTH} characters, got {len(queue)}"
-        )
-    priority = options.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise ConfigurationError(f"{cls.__qualname__}.step_options['priority'] must be an integer, got {priority!r}")
-    name = cls.__dict__.get("name")
-    if name is not None and (not isinstance(name, str) or not name or len(name) > 255):
-        raise ConfigurationError(f"{cls.__qualname__}.name must be a non-empty string of at most 255 characters")
 
 
 class Workflow(StepBody, metaclass=WorkflowMeta):
@@ -109,6 +89,10 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
     allow_missing_subject: ClassVar[bool] = False
     #: An abstract class is not registered; its subclasses are.
     abstract: ClassVar[bool] = True
+    #: Signal names accepted although no step waits for them (a later version's, say).
+    extra_signals: ClassVar[tuple[str, ...] | list[str]] = ()
+    #: True when the class body set ``name`` (else it is the dotted path: moving the module orphans runs).
+    name_given: ClassVar[bool] = False
     _step_definitions: ClassVar[tuple[StepDefinition, ...]] = ()
 
     def __init__(self, record: WorkflowRun, *, duplicate_start: bool = False) -> None:
@@ -137,8 +121,21 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
 
     @classmethod
     def step_definition(cls, name: str) -> StepDefinition | None:
-        """The definition (or gravestone) of ``name``, or None."""
-        return next((s for s in cls._step_definitions if s.name == name), None)
+        """The definition (or gravestone) of ``name`` or of a step ``renamed_from`` it, or None."""
+        found = next((s for s in cls._step_definitions if s.name == name), None)
+        if found is None:
+            found = next((s for s in cls._step_definitions if name in s.renamed_from), None)
+        return found
+
+    @classmethod
+    def known_step_names(cls) -> frozenset[str]:
+        """Every name a row of this class may hold that its code can run: steps, gravestones, old names."""
+        return frozenset(n for s in cls._step_definitions for n in (s.name, *s.renamed_from))
+
+    @classmethod
+    def signal_names(cls) -> frozenset[str]:
+        """The signal names the class accepts: every step's ``wait_for`` and ``extra_signals``."""
+        return frozenset(n for s in cls._step_definitions for n in s.wait_for) | frozenset(cls.extra_signals)
 
     @classmethod
     def require_step(cls, name: str) -> StepDefinition:
@@ -153,6 +150,9 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
     def next_step_after(cls, name: str | None) -> StepDefinition | None:
         """The live step after ``name`` (the first for None); gravestones are passed over."""
         names = [s.name for s in cls._step_definitions]
+        if name is not None and name not in names:
+            current = cls.step_definition(name)  # an old name continues after the renamed step
+            name = current.name if current is not None else name
         start = 0 if name is None else (names.index(name) + 1 if name in names else len(names))
         return next((s for s in cls._step_definitions[start:] if not s.removed), None)
 
@@ -223,10 +223,12 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         from .exceptions import NotOngoing
         from .models import WorkflowRun
         from .services.payload import subject_reference
-        from .services.signals import deliver_signal
+        from .services.signals import check_signal_input, check_signal_name, deliver_signal
 
         if missing not in ("raise", "ignore"):
             raise ValueError(f"missing must be 'raise' or 'ignore', got {missing!r}")
+        check_signal_input(name, idempotency_key, actor)
+        check_signal_name(cls, name)  # a typo raises even when no run is ongoing
         if subject is None:
             raise ValueError(
                 f"{cls.name}.signal_for() needs a subject; signal a subject-less run through its handle "

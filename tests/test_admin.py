@@ -40,6 +40,7 @@ class Boom(Exception):
 
 class AdminThree(Workflow):
     name = "admin_three"
+    extra_signals = ["approved", "later_use", "unrelated", "unused"]
 
     @step
     def a(self):
@@ -58,6 +59,7 @@ class AdminLater(Workflow):
     """Its first step waits an hour: a ready run with a scheduled step in the future."""
 
     name = "admin_later"
+    extra_signals = ["approved", "later_use", "unrelated", "unused"]
 
     @step(wait=timedelta(hours=1))
     def later(self):
@@ -72,6 +74,7 @@ class AdminFlaky(Workflow):
     """Its first step fails on the first attempt: the run pauses on an error."""
 
     name = "admin_flaky"
+    extra_signals = ["approved", "later_use", "unrelated", "unused"]
 
     @step
     def boom(self):
@@ -550,7 +553,7 @@ def test_signal_with_a_repeated_idempotency_key_changes_nothing(operator_client)
     data = {"name": "later_use", "payload": "", "idempotency_key": "evt-9", "reason": "x"}
     operator_client.post(operation_url(wf, "signal"), data, follow=True)  # shows (consumes) its message
     (signal,) = WorkflowSignal.objects.filter(run_id=wf.record.pk)
-    assert signal.payload is None
+    assert signal.payload == {}
     before = snapshot(wf)
     response = operator_client.post(operation_url(wf, "signal"), data)
     ((level, text),) = messages_of(response)

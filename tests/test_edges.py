@@ -8,7 +8,7 @@ from pgbus_workflows import Workflow, step
 from pgbus_workflows.checks import check_settings
 from pgbus_workflows.exceptions import ConfigurationError, PayloadNotSerializable
 from pgbus_workflows.models import WorkflowRun
-from tests.testapp.workflows import Counted
+from tests.testapp.workflows import Approval, Counted
 
 pytestmark = pytest.mark.django_db
 
@@ -84,8 +84,8 @@ def server_side_binding():
 def test_runs_start_and_run_with_server_side_binding(server_side_binding):
     from pgbus_workflows.services.executor import run_due_steps
 
-    wf = Counted.start()
-    wf.signal("unused", {"n": 1})
+    wf = Approval.start()
+    wf.signal("approved", {"n": 1})
     while run_due_steps(claimed_by="test"):
         pass
 

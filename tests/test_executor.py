@@ -772,8 +772,8 @@ def test_an_unknown_step_pauses_the_run_with_step_not_defined(order):
     wf = ExecKnown.start(order)
     ghost = _reschedule_as(wf, "ghost")
 
-    [claimed] = claim_due_steps(10)
-    assert claimed.pk == ghost.pk
+    assert claim_due_steps(10) == []  # a dispatcher leaves it for code that defines it
+    claimed = claim_step(ghost.pk)  # the test helpers run it at once: in a test the code is complete
     execute_step(claimed)
 
     wf.reload()
@@ -825,8 +825,8 @@ def test_a_run_of_an_unregistered_class_pauses_with_step_not_defined():
     run = WorkflowRun.objects.create(workflow_class="exec_class_that_was_deleted", current_step="gone")
     step_row = WorkflowStep.objects.create(run=run, step_name="gone", queue="workflows")
 
-    [claimed] = claim_due_steps(10)
-    assert claimed.pk == step_row.pk
+    assert claim_due_steps(10) == []
+    claimed = claim_step(step_row.pk)
     execute_step(claimed)
 
     run.refresh_from_db()

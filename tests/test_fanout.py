@@ -619,6 +619,11 @@ def test_a_job_whose_path_was_tampered_with_is_refused_and_nothing_runs(monkeypa
     step = run_next(wf)
     FanOutJob.objects.filter(step=step).update(function=path, arguments={"args": ["touch /tmp/pwned"], "kwargs": {}})
 
+    # A dispatcher that cannot import it leaves it for newer code, for UNKNOWN_STEP_GRACE...
+    assert claim_due_jobs(10, claimed_by="test") == []
+    assert FanOutJob.objects.get(step=step).status == "pending"
+    # ... then claims it, and refuses to run it.
+    FanOutJob.objects.filter(step=step).update(scheduled_at=timezone.now() - timedelta(minutes=11))
     (job,) = claim_due_jobs(10, claimed_by="test")
     status = execute_job(job)
 

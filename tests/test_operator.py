@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from pgbus_workflows import InvalidTransition, NotPaused, StepNotDefined, Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
 from tests.testapp.models import Order, SideEffect
 
@@ -107,6 +107,13 @@ def claim_one() -> WorkflowStep:
 def run_next() -> None:
     """Claim the due step and run it through the executor."""
     execute_step(claim_one())
+
+
+def run_unknown_inline(handle) -> None:
+    """Run a step that this code does not define as the test helpers do (a dispatcher passes it over)."""
+    assert claim_due_steps(1, queues=[QUEUE]) == []
+    scheduled = WorkflowStep.objects.get(run_id=handle.record.pk, status="scheduled")
+    execute_step(claim_step(scheduled.pk))
 
 
 def snapshot(wf):
@@ -798,7 +805,7 @@ def test_a_run_of_an_unregistered_class_can_be_cancelled(order):
 
 def test_a_run_of_an_unregistered_class_pauses_and_refuses_resume_and_rerun(order):
     handle = orphan(order)
-    run_next()
+    run_unknown_inline(handle)
     handle.reload()
     assert handle.status == "paused"
     (failed,) = steps_of(handle)
@@ -836,7 +843,7 @@ def test_skip_refuses_a_run_whose_current_step_is_not_defined(order):
     wf = OpThree.start(order)
     WorkflowStep.objects.filter(run_id=wf.record.pk).update(step_name="renamed_away")
     WorkflowRun.objects.filter(pk=wf.record.pk).update(current_step="renamed_away")
-    run_next()
+    run_unknown_inline(wf)
     wf.reload()
     assert wf.status == "paused"
     assert [(s.step_name, s.status, s.error_class) for s in steps_of(wf)] == [

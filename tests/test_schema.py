@@ -15,7 +15,7 @@ from pgbus_workflows import schema
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
-from tests.testapp.workflows import Counted, Squares, Waits
+from tests.testapp.workflows import Approval, Counted, Squares
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,7 +72,7 @@ def test_a_plain_delete_of_a_run_cascades_in_the_database():
     claimed = claim_due_steps(10, claimed_by="t")
     for step in claimed:
         execute_step(step)
-    waiting = Waits.start()
+    waiting = Approval.start()
     waiting.signal("approved")
     runs = [fan.record.pk, waiting.record.pk]
     assert FanOutJob.objects.filter(run_id__in=runs).exists() and WorkflowSignal.objects.exists()

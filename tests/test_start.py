@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from pgbus_workflows import (
     AlreadyRunning,
+    IdempotencyConflict,
     PayloadNotSerializable,
     PayloadTooLarge,
     Workflow,
@@ -322,7 +323,7 @@ def test_a_bad_idempotency_key_raises_and_writes_nothing(order, key):
 
 def test_a_second_start_with_the_same_key_returns_the_first_run(order):
     first = StartTwoSteps.start(order, idempotency_key=f"order-{order.pk}", attempt="one")
-    second = StartTwoSteps.start(order, idempotency_key=f"order-{order.pk}", attempt="two")
+    second = StartTwoSteps.start(order, idempotency_key=f"order-{order.pk}", attempt="one")
     assert first.duplicate_start is False
     assert second.duplicate_start is True
     assert isinstance(second, StartTwoSteps)
@@ -332,13 +333,24 @@ def test_a_second_start_with_the_same_key_returns_the_first_run(order):
     assert WorkflowRun.objects.get().idempotency_key == f"order-{order.pk}"
 
 
-def test_the_same_key_also_returns_the_first_run_for_another_subject(order):
+def test_the_same_key_with_other_arguments_raises_idempotency_conflict_and_writes_nothing(order):
+    first = StartTwoSteps.start(order, idempotency_key=f"order-{order.pk}", attempt="one")
+    with pytest.raises(IdempotencyConflict, match=r"taken by run .*other arguments.*nothing was started") as raised:
+        StartTwoSteps.start(order, idempotency_key=f"order-{order.pk}", attempt="two")
+    assert isinstance(raised.value, ValueError)
+    assert raised.value.workflow.workflow_id == first.workflow_id
+    assert _counts() == (1, 1, 1)
+
+
+def test_the_same_key_for_another_subject_raises_idempotency_conflict_and_writes_nothing(order):
     first = StartTwoSteps.start(order, idempotency_key="shared")
     other = Order.objects.create()
-    second = StartTwoSteps.start(other, idempotency_key="shared")
-    assert second.duplicate_start is True
-    assert second.workflow_id == first.workflow_id
-    assert WorkflowRun.objects.count() == 1
+    with pytest.raises(IdempotencyConflict, match=rf"subject testapp.order {order.pk}, not testapp.order {other.pk}"):
+        StartTwoSteps.start(other, idempotency_key="shared")
+    with pytest.raises(IdempotencyConflict, match=r"subject testapp.order \d+, not none"):
+        StartTwoSteps.start(None, idempotency_key="shared")
+    assert WorkflowRun.objects.get().workflow_id == first.workflow_id
+    assert _counts() == (1, 1, 1)
 
 
 def test_the_same_key_returns_the_first_run_after_it_finished(order):
@@ -548,24 +560,28 @@ def _hold_open_start(start, release, committed_or_not="commit"):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_threads_with_one_idempotency_key_make_one_run():
+@pytest.mark.parametrize("second_by", ["first", "second"])
+def test_two_threads_with_one_idempotency_key_make_one_run(second_by):
     order = Order.objects.create()
     release = threading.Event()
     first_thread, first = _hold_open_start(
         lambda: StartTwoSteps.start(order, idempotency_key="race", by="first"), release
     )
     # the first run is not committed: the second start does not see it and blocks on its insert
-    second_thread, second = _in_thread(lambda: StartTwoSteps.start(order, idempotency_key="race", by="second"))
+    second_thread, second = _in_thread(lambda: StartTwoSteps.start(order, idempotency_key="race", by=second_by))
     _wait_until_blocked_on_a_lock()
     release.set()
     first_thread.join(20)
     second_thread.join(20)
 
     assert "error" not in first, first
-    assert "error" not in second, second
     assert first["result"].duplicate_start is False
-    assert second["result"].duplicate_start is True
-    assert second["result"].workflow_id == first["result"].workflow_id
+    if second_by == "first":  # the same start: the first run, as a duplicate
+        assert "error" not in second, second
+        assert second["result"].duplicate_start is True
+        assert second["result"].workflow_id == first["result"].workflow_id
+    else:  # another start under the same key: refused, even when the key was taken an instant ago
+        assert isinstance(second.get("error"), IdempotencyConflict), second
     assert WorkflowRun.objects.count() == 1
     assert WorkflowRun.objects.get().arguments == {"by": "first"}
     assert WorkflowStep.objects.count() == 1

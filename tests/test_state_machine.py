@@ -50,7 +50,15 @@ from hypothesis.stateful import (
 )
 
 from pgbus_workflows import OnException, Workflow, step
-from pgbus_workflows.exceptions import AlreadyRunning, InvalidTransition, NotOngoing, NotPaused, StepNotDefined
+from pgbus_workflows.exceptions import (
+    AlreadyRunning,
+    IdempotencyConflict,
+    InvalidTransition,
+    NotOngoing,
+    NotPaused,
+    StepNotDefined,
+    UnknownSignal,
+)
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services import operator
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
@@ -413,9 +421,17 @@ class WorkflowMachine(RuleBasedStateMachine):
                 .first()
             )
         before = snapshot()
-        if first_with_key is not None:
+        same_start = first_with_key is not None and (
+            (first_with_key.subject_id, first_with_key.arguments)
+            == (None if order is None else str(order.pk), {"plan": plan})
+        )
+        if first_with_key is not None and same_start:
             wf = cls.start(order, idempotency_key=key, plan=plan)
             assert wf.duplicate_start and wf.workflow_id == first_with_key.workflow_id
+            assert snapshot() == before
+        elif first_with_key is not None:  # the key holds another start: refused, nothing written
+            with pytest.raises(IdempotencyConflict, match="nothing was started"):
+                cls.start(order, idempotency_key=key, plan=plan)
             assert snapshot() == before
         elif holder is not None:
             with pytest.raises(AlreadyRunning, match="already has an ongoing run") as caught:
@@ -615,6 +631,15 @@ class WorkflowMachine(RuleBasedStateMachine):
         cls = CLASSES[run.workflow_class]
         first = WorkflowSignal.objects.filter(run=run, idempotency_key=key).first() if key else None
         before = snapshot()
+        if name not in cls.signal_names():  # a name no step of the class waits for: refused, always
+            order = Order.objects.filter(pk=run.subject_id).first() if run.subject_id else None
+            with pytest.raises(UnknownSignal, match=f"No step of {run.workflow_class} waits for signal"):
+                if via_subject and order is not None:
+                    cls.signal_for(order, name, payload={"n": 1}, idempotency_key=key, missing="ignore")
+                else:
+                    Workflow.find(run.workflow_id).signal(name, {"n": 1}, idempotency_key=key)
+            assert snapshot() == before
+            return
         if via_subject and run.subject_id:
             holder = WorkflowRun.objects.ongoing().filter(
                 workflow_class=run.workflow_class, subject_type=run.subject_type, subject_id=run.subject_id

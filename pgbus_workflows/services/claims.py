@@ -15,6 +15,7 @@ from django.db import connection, transaction
 
 from .. import clock, rows
 from ..conf import settings
+from ..deploy import can_run_step
 from ..models import WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from .ledger import RunLedger, locked_step, locked_steps
@@ -26,43 +27,69 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
 
     Each claimed attempt is ``in_progress`` with its ``stall_at`` set and its run
     ``performing``; the list is what the caller must now pass to :func:`execute_step`.
+    Only steps this process's code can run are claimed (``deploy.can_run_step``): a step of
+    a class or a step name that only newer code knows is passed over, for a dispatcher that
+    knows it (or, after ``UNKNOWN_STEP_GRACE``, for the sweep to pause its run).
     """
     if limit < 1:
         return []
     now = clock.now()
+    queue_list = None if queues is None else list(queues)
     with transaction.atomic():
-        pairs = _due_pairs(limit, None if queues is None else list(queues), now)
+        for _ in range(_MAX_PASSES):
+            # Names seen before and still unknown are left out in SQL: the normal case (every
+            # dispatcher on the same code) sends the same statement as before, no filter.
+            unknown = sorted(key for key in _unrunnable if not can_run_step(*key))
+            rows = _due_rows(limit, queue_list, now, unknown)
+            new = {(klass, name) for _, _, klass, name in rows if not can_run_step(klass, name)}
+            if not new:
+                break
+            _unrunnable.update(new)
+        pairs = [(step_pk, run_pk) for step_pk, run_pk, klass, name in rows if can_run_step(klass, name)]
         return _claim(pairs, now, claimed_by)
 
 
 _STEPS = WorkflowStep._meta.db_table
 _RUNS = WorkflowRun._meta.db_table
+#: ``(class, step name)`` pairs this process was offered and cannot run (left out of later claims).
+_unrunnable: set[tuple[str, str]] = set()
+#: Claim queries one claim makes at most while it learns names it cannot run.
+_MAX_PASSES = 5
 
 
-def _due_pairs(limit: int, queues: list[str] | None, now: Any) -> list[tuple[int, int]]:
-    """``(step pk, run pk)`` of due steps of ready runs, their runs locked.
+def _due_rows(
+    limit: int, queues: list[str] | None, now: Any, unknown: list[tuple[str, str]]
+) -> list[tuple[int, int, str, str]]:
+    """``(step pk, run pk, class, step name)`` of due steps of ready runs, their runs locked.
 
     Only the runs are locked, with SKIP LOCKED: the lock order is always run, then step,
     and a run another dispatcher (or an operator) holds is passed over, not waited for.
-    The ORDER BY matches the partial index ``pgbus_wf_step_due``.
+    The ORDER BY matches the partial index ``pgbus_wf_step_due``; ``unknown`` pairs are left out.
     """
     queue_filter = "" if queues is None else "AND s.queue = ANY(%s)"
     lock = "FOR UPDATE OF r SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     if queues is not None and connection.vendor != "postgresql":
         queue_filter = "AND s.queue IN ({})".format(", ".join(["%s"] * len(queues)))
+    unknown_filter = ""
+    if unknown:
+        unknown_filter = "AND (r.workflow_class, s.step_name) NOT IN ({})".format(
+            ", ".join(["(%s, %s)"] * len(unknown))
+        )
     sql = f"""
-        SELECT s.id, s.run_id FROM {_STEPS} s JOIN {_RUNS} r ON r.id = s.run_id
-        WHERE s.status = 'scheduled' AND s.scheduled_at <= %s AND r.status = 'ready' {queue_filter}
+        SELECT s.id, s.run_id, r.workflow_class, s.step_name FROM {_STEPS} s JOIN {_RUNS} r ON r.id = s.run_id
+        WHERE s.status = 'scheduled' AND s.scheduled_at <= %s AND r.status = 'ready' {queue_filter} {unknown_filter}
         ORDER BY s.priority, s.scheduled_at, s.id
         LIMIT %s {lock}
     """  # noqa: S608 - table names come from the models, values are parameters
     params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
     if queues is not None:
         params.extend([queues] if connection.vendor == "postgresql" else queues)
+    for pair in unknown:
+        params.extend(pair)
     params.append(limit)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+        return [(row[0], row[1], row[2], row[3]) for row in cursor.fetchall()]
 
 
 def claim_step(step_pk: int, claimed_by: str = "") -> WorkflowStep | None:

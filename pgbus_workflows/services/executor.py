@@ -98,26 +98,28 @@ def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
     try:
         if workflow.record.subject_type and workflow.subject is None and not cls.allow_missing_subject:
             return StepOutcome(
-                "cancel", reason=f"subject {workflow.record.subject_type} {workflow.record.subject_id} no longer exists"
+                "cancel",
+                reason=f"subject {workflow.record.subject_type} {workflow.record.subject_id} no longer exists",
+                body_ran=False,
             )
     except BaseException as error:
-        return StepOutcome.from_error(error, precondition=True)
+        return StepOutcome.from_error(error, precondition=True, body_ran=False)
     definition = cls.step_definition(step.step_name)
     if definition is None:
         undefined = StepNotDefined(
             f"Step {step.step_name!r} is not defined in {workflow.record.workflow_class}"
             + ("" if cls is not Workflow else " (the class is not registered: was it deleted or renamed?)")
         )
-        return StepOutcome.from_error(undefined, forced_action="pause")
+        return StepOutcome.from_error(undefined, forced_action="pause", body_ran=False)
     if definition.removed:
-        return StepOutcome("skip", reason="removed step", details={"removed": True})
+        return StepOutcome("skip", reason="removed step", details={"removed": True}, body_ran=False)
     try:
         if workflow.cancel_if():
-            return StepOutcome("cancel", reason="cancel_if")
+            return StepOutcome("cancel", reason="cancel_if", body_ran=False)
         if _skip_if(workflow, definition.skip_if):
-            return StepOutcome("skip", reason="skip_if")
+            return StepOutcome("skip", reason="skip_if", body_ran=False)
     except BaseException as error:
-        return StepOutcome.from_error(error, precondition=True)
+        return StepOutcome.from_error(error, precondition=True, body_ran=False)
     return None
 
 

@@ -23,6 +23,7 @@ from django.db.models import Count, F, Max, Q
 from .. import clock, rows
 from ..conf import settings
 from ..definitions import resolve_job, resolve_wait
+from ..deploy import can_run_job
 from ..exceptions import FanOutFailed
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
@@ -42,25 +43,60 @@ BATCH_SIZE = 500
 
 
 def claim_due_jobs(limit: int, queues: Iterable[str] | None = None, claimed_by: str = "") -> list[FanOutJob]:
-    """Claim up to ``limit`` due pending jobs (``SKIP LOCKED``), by priority then ``scheduled_at``."""
+    """Claim up to ``limit`` due pending jobs (``SKIP LOCKED``), by priority then ``scheduled_at``.
+
+    A job whose function this process cannot import is left for a dispatcher with newer code
+    for ``UNKNOWN_STEP_GRACE``; after that, any dispatcher claims it and it fails, as it would.
+    """
     if limit < 1:
         return []
     now = clock.now()
-    queue_list = None if queues is None else list(queues)
+    cutoff = now - settings.UNKNOWN_STEP_GRACE
+    with transaction.atomic():
+        for _ in range(5):
+            unknown = sorted(path for path in _unimportable if not can_run_job(path))
+            found = _due_jobs(limit, None if queues is None else list(queues), now, cutoff, unknown)
+            new = {path for _, path, at in found if at > cutoff and not can_run_job(path)}
+            if not new:
+                break
+            _unimportable.update(new)
+        ids = [pk for pk, path, at in found if at <= cutoff or can_run_job(path)]
+        return _start(ids, now, claimed_by)
+
+
+#: Job functions this process was offered and cannot import (left out of later claims).
+_unimportable: set[str] = set()
+
+
+def _due_jobs(
+    limit: int, queues: list[str] | None, now: datetime, cutoff: datetime, unknown: list[str]
+) -> list[tuple[int, str, datetime]]:
+    """``(id, function, scheduled_at)`` of due pending jobs, locked; ``unknown`` functions left out until ``cutoff``."""
+    adapt = connection.ops.adapt_datetimefield_value
     where = "status = 'pending' AND scheduled_at <= %s"
-    params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
-    if queue_list is not None:
-        where += " AND queue IN ({})".format(", ".join(["%s"] * len(queue_list)))
-        params.extend(queue_list)
+    params: list[Any] = [adapt(now)]
+    if queues is not None:
+        where += " AND queue IN ({})".format(", ".join(["%s"] * len(queues)))
+        params.extend(queues)
+    if unknown:
+        where += " AND NOT (function IN ({}) AND scheduled_at > %s)".format(", ".join(["%s"] * len(unknown)))
+        params.extend([*unknown, adapt(cutoff)])
     lock = "FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     sql = f"""
-        SELECT id FROM {_JOBS} WHERE {where} ORDER BY priority, scheduled_at, id LIMIT %s {lock}
+        SELECT id, function, scheduled_at FROM {_JOBS} WHERE {where} ORDER BY priority, scheduled_at, id LIMIT %s {lock}
     """  # noqa: S608 - table names come from the models, values are parameters
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [*params, limit])
-            ids = [row[0] for row in cursor.fetchall()]
-        return _start(ids, now, claimed_by)
+    field = FanOutJob._meta.get_field("scheduled_at")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, limit])
+        found = cursor.fetchall()
+    column = field.get_col(_JOBS)
+    convert = connection.ops.get_db_converters(column)
+    result = []
+    for pk, path, at in found:
+        for converter in convert:
+            at = converter(at, column, connection)
+        result.append((pk, path, at))
+    return result
 
 
 def claim_job(job_pk: int, claimed_by: str = "") -> FanOutJob | None:

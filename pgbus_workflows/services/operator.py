@@ -15,7 +15,7 @@ from ..registry import registry
 from ..states import TERMINAL_RUN, RunStatus, StepOutcomeKind, StepStatus
 from . import fanout, waiting
 from .ledger import RunLedger, locked_run
-from .outcome import StepOutcome, continue_after
+from .outcome import StepOutcome, continue_after, return_signal
 from .payload import load_subject
 
 DEFAULT_ACTOR = "api"
@@ -71,6 +71,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
         definition = ledger.cls.require_step(step_name)
         active = ledger.active_step()
         if active is not None:
+            _return_unused_signal(ledger, active, "resume_at")
             ledger.move_step(active, StepStatus.CANCELLED, outcome=StepOutcomeKind.CANCELLED)
             fanout.cancel_pending_jobs(active)
         step = ledger.schedule(definition, wait=timedelta(0))
@@ -193,12 +194,19 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
         if run.status == RunStatus.PAUSED:
             ledger.transition("resume", RunStatus.READY, kind="resumed", actor=actor, reason=reason, step=active)
         if active is not None:
+            _return_unused_signal(ledger, active, "skip")
             ledger.move_step(active, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED)
             fanout.cancel_pending_jobs(active)
         continue_after(
             ledger, current, kind="step_skipped", actor=actor, reason=reason, details={"skipped": current.step_name}
         )
     return ledger.run
+
+
+def _return_unused_signal(ledger: RunLedger, step: WorkflowStep, why: str) -> None:
+    """A scheduled attempt a signal woke ends unrun: the signal waits for the step that will run."""
+    if step.status == StepStatus.SCHEDULED and step.signal_id is not None:
+        return_signal(ledger, step, why)
 
 
 def _require_paused(ledger: RunLedger, verb: str) -> None:

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .. import rows
 from ..conf import settings
 from ..definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
 from ..exceptions import StepNotDefined, StepStalled
-from ..models import FanOutJob, WorkflowStep
+from ..models import FanOutJob, SignalStatus, WorkflowSignal, WorkflowStep
 from ..states import RunStatus, StepOutcomeKind, StepStatus
 from .ledger import RunLedger
 from .payload import storable_text
@@ -46,6 +47,9 @@ class StepOutcome:
     details: dict[str, Any] = field(default_factory=dict)
     #: A fan-out body's jobs, as ``(dotted path, {"args": [...], "kwargs": {...}})``.
     jobs: list[tuple[str, Any]] = field(default_factory=list)
+    #: False when the attempt ended before its body ran (a guard, a gravestone, an unknown
+    #: step): a signal it consumed goes back to pending, for the step that will run.
+    body_ran: bool = True
 
     @classmethod
     def from_error(cls, error: BaseException, **kwargs: Any) -> StepOutcome:
@@ -77,6 +81,8 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
         return
     definition = ledger.cls.step_definition(step.step_name)
     actor, reason = outcome.actor, outcome.reason
+    if not outcome.body_ran and step.signal_id is not None:
+        return_signal(ledger, step, outcome.kind)
     if outcome.kind == "success":
         ledger.move_step(step, StepStatus.COMPLETED, outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
         continue_after(ledger, step, kind="step_completed", actor=actor, reason=reason)
@@ -149,6 +155,17 @@ def _open_fan_out(
     target = RunStatus.PAUSED if name == "hold" else RunStatus.WAITING
     ledger.transition(name, target, kind="fan_out_started", step=step, details={"jobs": len(jobs)})
     ledger.wake(step.queue)
+
+
+def return_signal(ledger: RunLedger, step: WorkflowStep, why: str) -> None:
+    """Put the signal that woke ``step`` back to pending: its body never ran, so nothing used it."""
+    signal_pk = step.signal_id
+    if signal_pk is None:
+        return
+    WorkflowSignal.objects.filter(pk=signal_pk).update(status=SignalStatus.PENDING, consumed_by=None, consumed_at=None)
+    step.signal = None
+    rows.update(step, ["signal"])
+    ledger.event("signal_returned", step=step, details={"signal_id": signal_pk, "why": why})
 
 
 def continue_after(

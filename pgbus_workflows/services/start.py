@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, ProgrammingError, transaction
 from django.db.models import Model
 
 from .. import clock, signals
-from ..exceptions import AlreadyRunning, ConfigurationError
+from ..conf import settings
+from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
+from ..migrated import explain
 from ..models import WorkflowRun
+from ..registry import registry
 from ..states import RunStatus
 from .ledger import RunLedger
 from .payload import encode_payload, subject_reference
+
+logger = logging.getLogger("pgbus_workflows")
 
 #: Longest idempotency key or signal name a row holds.
 MAX_KEY_LENGTH = 255
@@ -47,11 +53,30 @@ def start_run(
     payload = encode_payload(arguments or {}, f"{cls.name} arguments")
     if not isinstance(payload, dict):
         raise TypeError("arguments must be keyword arguments")
+    _warn_if_unknown_to_dispatchers(cls)
+    try:
+        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of)
+    except (ProgrammingError, OperationalError) as error:
+        not_migrated = explain(error)
+        if not_migrated is not None:
+            raise not_migrated from None
+        raise
+
+
+def _insert(
+    cls: type[Workflow],
+    subject_type: str | None,
+    subject_id: str | None,
+    idempotency_key: str | None,
+    payload: dict[str, Any],
+    actor: str | None,
+    rerun_of: WorkflowRun | None,
+) -> Workflow:
     with transaction.atomic():
         if idempotency_key is not None:
             existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
             if existing is not None:
-                return cls(existing, duplicate_start=True)
+                return _same_start(cls, existing, subject_type, subject_id, payload)
         now = clock.now()
         record = WorkflowRun(
             workflow_class=cls.name,
@@ -69,7 +94,7 @@ def start_run(
             with transaction.atomic():
                 record.save(force_insert=True)
         except IntegrityError:
-            return _conflict(cls, subject_type, subject_id, idempotency_key)
+            return _conflict(cls, subject_type, subject_id, idempotency_key, payload)
         ledger = RunLedger(record, now)
         details: dict[str, Any] = {"arguments": payload}
         if rerun_of is not None:
@@ -85,14 +110,59 @@ def start_run(
     return cls(record)
 
 
+def _same_start(
+    cls: type[Workflow], existing: WorkflowRun, subject_type: str | None, subject_id: str | None, payload: Any
+) -> Workflow:
+    """The run that holds the key, when this start asks for the same; else :class:`IdempotencyConflict`."""
+    differences = []
+    if (existing.subject_type, existing.subject_id) != (subject_type, subject_id):
+        differences.append(
+            f"subject {existing.subject_type or 'none'} {existing.subject_id or ''}".rstrip()
+            + f", not {subject_type or 'none'} {subject_id or ''}".rstrip()
+        )
+    if existing.arguments != payload:
+        differences.append("other arguments")
+    if differences:
+        raise IdempotencyConflict(
+            f"idempotency_key {existing.idempotency_key!r} of {cls.name} is taken by run {existing.workflow_id} "
+            f"({'; '.join(differences)}): nothing was started. Use a key per subject and arguments.",
+            workflow=cls(existing),
+        )
+    return cls(existing, duplicate_start=True)
+
+
+_warned: set[str] = set()
+
+
+def _warn_if_unknown_to_dispatchers(cls: type[Workflow]) -> None:
+    """A class defined after app loading (not in a ``workflows`` module) is unknown to dispatchers."""
+    if cls.name in _warned or not registry.registered_late(cls.name):
+        return
+    _warned.add(cls.name)
+    logger.warning(
+        "%s (%s.%s) was defined after Django loaded the apps, so dispatchers, which import each app's "
+        "%s module, may not know it: its runs would wait, then pause after UNKNOWN_STEP_GRACE. "
+        "Define it in <app>/%s.py (or import it from there).",
+        cls.name,
+        cls.__module__,
+        cls.__qualname__,
+        settings.AUTODISCOVER_MODULE,
+        settings.AUTODISCOVER_MODULE,
+    )
+
+
 def _conflict(
-    cls: type[Workflow], subject_type: str | None, subject_id: str | None, idempotency_key: str | None
+    cls: type[Workflow],
+    subject_type: str | None,
+    subject_id: str | None,
+    idempotency_key: str | None,
+    payload: Any,
 ) -> Workflow:
     """Explain a unique violation: a concurrent start with the same key, or an ongoing run."""
     if idempotency_key is not None:
         existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return cls(existing, duplicate_start=True)
+            return _same_start(cls, existing, subject_type, subject_id, payload)
     holder = WorkflowRun.objects.ongoing().for_subject(subject_type, subject_id).filter(workflow_class=cls.name).first()
     handle = cls(holder) if holder is not None else None
     raise AlreadyRunning(

@@ -92,6 +92,10 @@ def resolve(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome, **field
 def fire_timeout(ledger: RunLedger, step: WorkflowStep) -> str:
     """Apply the waiting step's ``on_timeout`` now; returns the action."""
     definition = ledger.cls.step_definition(step.step_name)
+    if definition is not None and definition.removed:
+        # The code removed the step it waited in: move on, as a gravestone does, not time out.
+        resolve(ledger, step, StepOutcome("skip", reason="removed step", details={"removed": True}, body_ran=False))
+        return "skip"
     action = definition.on_timeout if definition is not None else "pause"
     timeout_at = step.timeout_at or ledger.now
     ledger.event(

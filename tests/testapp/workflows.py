@@ -101,6 +101,20 @@ class Waits(Workflow):
         mark(self, "later")
 
 
+class Approval(Workflow):
+    """Its first step waits for the "approved" signal (the payload is its output), then it finishes."""
+
+    name = "approval"
+
+    @step(wait_for="approved")
+    def approve(self):
+        return self.received_signal.payload
+
+    @step
+    def done(self):
+        mark(self, "approved")
+
+
 class NoOp3(Workflow):
     """Three empty steps: what the benchmarks measure is the engine, not the bodies."""
 

@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from ...dispatcher import WorkflowDispatcher
+from ...exceptions import NotMigrated
 
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -93,6 +94,10 @@ class Command(BaseCommand):
             sweep_only=options["sweep_only"],
             shutdown_timeout=options["shutdown_timeout"],
         )
-        code = dispatcher.run()
+        try:
+            code = dispatcher.run()
+        except NotMigrated as error:
+            self.stderr.write(str(error))
+            sys.exit(1)
         if code:
             sys.exit(code)

@@ -1,0 +1,55 @@
+"""What this process's code can run, so a dispatcher never claims work that only newer code knows.
+
+During a rolling deploy the web tier may start runs of a class (or reach a step) that older
+dispatchers have never heard of. A dispatcher claims only the steps of the classes it has
+registered, by their names, gravestones and ``renamed_from`` names (:func:`can_run_step`),
+and only the fan-out jobs whose function it can import (:func:`can_run_job`). It writes its
+:func:`catalog` on its ``Dispatcher`` row, so the sweep can tell a step that *no* live
+dispatcher can run (paused after ``UNKNOWN_STEP_GRACE``) from one that waits for a newer one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .exceptions import ConfigurationError
+from .registry import registry
+
+if TYPE_CHECKING:
+    from .workflow import Workflow
+
+_known_steps: dict[type, frozenset[str]] = {}
+_importable: dict[str, bool] = {}
+
+
+def _step_names(cls: type[Workflow]) -> frozenset[str]:
+    names = _known_steps.get(cls)
+    if names is None:
+        names = _known_steps[cls] = cls.known_step_names()
+    return names
+
+
+def can_run_step(workflow_class: str, step_name: str) -> bool:
+    """True when this process's code has the class and knows the step (or its gravestone, or an old name)."""
+    cls = registry.get(workflow_class)
+    return cls is not None and step_name in _step_names(cls)
+
+
+def can_run_job(path: str) -> bool:
+    """True when this process can import the fan-out job function at ``path`` (cached: code does not change)."""
+    known = _importable.get(path)
+    if known is None:
+        from .definitions import resolve_job
+
+        try:
+            resolve_job(path)
+            known = True
+        except ConfigurationError:
+            known = False
+        _importable[path] = known
+    return known
+
+
+def catalog() -> dict[str, list[str]]:
+    """``{class name: the step names its code runs}`` for every registered class (a dispatcher's row)."""
+    return {cls.name: sorted(_step_names(cls)) for cls in registry.classes()}

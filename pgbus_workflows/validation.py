@@ -1,0 +1,72 @@
+"""Checks of a workflow class as it is defined: what would otherwise fail in a dispatcher.
+
+Run by the metaclass once the class's steps are collected; everything raises
+:class:`~pgbus_workflows.exceptions.ConfigurationError` naming the class and the option.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition
+from .exceptions import ConfigurationError
+
+
+def validate_class(cls: type) -> None:
+    """Raise :class:`ConfigurationError` for a class attribute or step that cannot work."""
+    policies = cls.__dict__.get("exception_policies", [])
+    if not isinstance(policies, list | tuple) or not all(isinstance(p, OnException) for p in policies):
+        raise ConfigurationError(f"{cls.__qualname__}.exception_policies must be a list of OnException")
+    options = cls.__dict__.get("step_options", {})
+    if not isinstance(options, dict) or set(options) - {"queue", "priority"}:
+        raise ConfigurationError(f"{cls.__qualname__}.step_options takes only 'queue' and 'priority'")
+    queue = options.get("queue")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise ConfigurationError(f"{cls.__qualname__}.step_options['queue'] must be a non-empty string, got {queue!r}")
+    if queue is not None and len(queue) > MAX_QUEUE_LENGTH:
+        raise ConfigurationError(
+            f"{cls.__qualname__}.step_options['queue'] must be at most {MAX_QUEUE_LENGTH} characters, got {len(queue)}"
+        )
+    priority = options.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ConfigurationError(f"{cls.__qualname__}.step_options['priority'] must be an integer, got {priority!r}")
+    name = cls.__dict__.get("name")
+    if name is not None and (not isinstance(name, str) or not name or len(name) > 255):
+        raise ConfigurationError(f"{cls.__qualname__}.name must be a non-empty string of at most 255 characters")
+    extra = cls.__dict__.get("extra_signals", ())
+    if not isinstance(extra, list | tuple | set | frozenset) or not all(isinstance(n, str) and n for n in extra):
+        raise ConfigurationError(f"{cls.__qualname__}.extra_signals must be a list of signal names")
+    _validate_names(cls)
+    _validate_conditions(cls)
+
+
+def _validate_names(cls: type) -> None:
+    """Every step name, gravestone and ``renamed_from`` name denotes one step."""
+    steps: tuple[StepDefinition, ...] = cls._step_definitions  # type: ignore[attr-defined]
+    owner: dict[str, str] = {s.name: s.name for s in steps}
+    for definition in steps:
+        for old in definition.renamed_from:
+            if old in owner and owner[old] != definition.name:
+                taken = "a gravestone" if old in {s.name for s in steps if s.removed} else f"step {owner[old]!r}"
+                raise ConfigurationError(
+                    f"{cls.__qualname__}.{definition.name}: renamed_from={old!r} is already {taken}"
+                )
+            owner[old] = definition.name
+
+
+def _validate_conditions(cls: type) -> None:
+    """Condition method names exist and are plain methods; no condition is an ``async def``."""
+    steps: tuple[StepDefinition, ...] = cls._step_definitions  # type: ignore[attr-defined]
+    for definition in steps:
+        condition = definition.skip_if
+        if isinstance(condition, str):
+            method = getattr(cls, condition, None)
+            if not callable(method):
+                raise ConfigurationError(
+                    f"{cls.__qualname__}.{definition.name}: skip_if={condition!r} names no method of the class"
+                )
+            condition = method
+        if callable(condition) and inspect.iscoroutinefunction(condition):
+            raise ConfigurationError(f"{cls.__qualname__}.{definition.name}: skip_if must not be an async def")
+    if inspect.iscoroutinefunction(cls.__dict__.get("cancel_if")):
+        raise ConfigurationError(f"{cls.__qualname__}.cancel_if must not be an async def")

@@ -13,7 +13,7 @@ class SimplePgbusWorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import checks, deploy_checks  # noqa: F401 - registers the system checks
 
 
 class PgbusWorkflowsConfig(SimplePgbusWorkflowsConfig):

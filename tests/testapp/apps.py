@@ -10,7 +10,7 @@ class TestappConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import chaos_workflows, fault_workflows  # noqa: F401 - registers the harness's and faults' workflows
+        from . import chaos_workflows, deploy_workflows, fault_workflows  # noqa: F401 - registers their workflows
 
         if os.environ.get("TESTAPP_SLOW_GAUGE"):
             # A metrics receiver that takes its time (test_fault_processes): the sweep thread

@@ -1,0 +1,162 @@
+"""System checks for deploys: run ``manage.py check --database default`` before and after one.
+
+Without ``--database`` only the class check runs (no query). With it, the checks compare the
+rows with this process's code and say, with counts and what to do: ongoing runs on classes
+or steps the code does not define, runs parked on gravestones, pending signals that no step
+of their class waits for, and queues with due steps that no live dispatcher serves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Info, Tags, register
+from django.core.checks import Warning as CheckWarning
+from django.db import DatabaseError
+from django.db.models import Count
+
+from . import clock
+from .conf import settings
+from .registry import registry
+
+
+@register(Tags.compatibility)
+def check_class_names(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A class without ``name`` stores its dotted path: moving its module orphans its runs."""
+    return [
+        CheckWarning(
+            f"Workflow class {cls.__module__}.{cls.__qualname__} has no `name`: its runs store {cls.name!r}, "
+            "so moving or renaming the module or the class orphans them.",
+            hint=f'Set name = "{cls.__qualname__.lower()}" (any stable string) on the class; '
+            "keep the dotted path as its value if runs already exist.",
+            obj=cls,
+            id="pgbus_workflows.W004",
+        )
+        for cls in registry.classes()
+        if not cls.name_given
+    ]
+
+
+@register(Tags.database)
+def check_rows_against_code(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """What the rows hold that this code cannot run (``check --database default``)."""
+    if not databases or "default" not in databases:
+        return []
+    try:
+        return [*_unknown_runs(), *_gravestones(), *_unknown_signals(), *_unserved_queues()]
+    except DatabaseError as error:  # unreachable or not migrated: say so, do not crash `check`
+        return [
+            CheckWarning(
+                f"pgbus_workflows could not compare the database with the code: {str(error).strip()}",
+                hint="Is the database reachable, and migrated (`python manage.py migrate`)?",
+                id="pgbus_workflows.W005",
+            )
+        ]
+
+
+def _active_steps() -> Any:
+    from .models import WorkflowStep
+    from .states import ACTIVE_STEP, ONGOING_RUN
+
+    return WorkflowStep.objects.filter(status__in=ACTIVE_STEP, run__status__in=ONGOING_RUN)
+
+
+def _unknown_runs() -> list[CheckMessage]:
+    from .models import WorkflowRun
+
+    messages: list[CheckMessage] = []
+    ongoing = WorkflowRun.objects.ongoing().values_list("workflow_class").annotate(n=Count("pk")).order_by()
+    for name, count in sorted(ongoing):
+        if registry.get(name) is None:
+            messages.append(
+                CheckWarning(
+                    f"{count} ongoing run(s) of workflow class {name!r}, which this code does not define.",
+                    hint="Deploy the code that defines it (dispatchers leave its steps alone, then pause them "
+                    "after UNKNOWN_STEP_GRACE), or cancel the runs in the admin (filter by class).",
+                    id="pgbus_workflows.W006",
+                )
+            )
+    steps = _active_steps().values_list("run__workflow_class", "step_name").annotate(n=Count("pk")).order_by()
+    for name, step_name, count in sorted(steps):
+        cls = registry.get(name)
+        if cls is not None and step_name not in cls.known_step_names():
+            messages.append(
+                CheckWarning(
+                    f"{count} ongoing run(s) of {name} are on step {step_name!r}, which the class does not define.",
+                    hint=f"Keep the name as `{step_name} = removed_step()` (the runs skip on) or rename with "
+                    f'@step(renamed_from="{step_name}") (they continue on that step); or resume_at() another step.',
+                    id="pgbus_workflows.W007",
+                )
+            )
+    return messages
+
+
+def _gravestones() -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    for cls in registry.classes():
+        parked = {name: n for name, n in cls.removed_steps_in_flight().items() if n}
+        if parked:
+            listed = ", ".join(f"{name} ({n})" for name, n in sorted(parked.items()))
+            messages.append(
+                Info(
+                    f"{sum(parked.values())} ongoing run(s) of {cls.name} are on removed steps: {listed}.",
+                    hint="Dispatchers move them on to the next step (a waiting one at the next sweep). Keep each "
+                    "removed_step() until Cls.removed_steps_in_flight() says 0, then delete it.",
+                    id="pgbus_workflows.I001",
+                )
+            )
+    return messages
+
+
+def _unknown_signals() -> list[CheckMessage]:
+    from .models import SignalStatus, WorkflowSignal
+    from .states import ONGOING_RUN
+
+    pending = (
+        WorkflowSignal.objects.filter(status=SignalStatus.PENDING, run__status__in=ONGOING_RUN)
+        .values_list("run__workflow_class", "name")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    messages: list[CheckMessage] = []
+    for name, signal_name, count in sorted(pending):
+        cls = registry.get(name)
+        if cls is not None and signal_name not in cls.signal_names():
+            messages.append(
+                CheckWarning(
+                    f"{count} pending signal(s) {signal_name!r} for runs of {name}, whose steps never wait for it.",
+                    hint="A typo or a step that was removed: they stay pending for ever. Wait for the name in a "
+                    "step (wait_for=) or list it in extra_signals; fix the sender.",
+                    id="pgbus_workflows.W008",
+                )
+            )
+    return messages
+
+
+def _unserved_queues() -> list[CheckMessage]:
+    from .models import Dispatcher
+    from .states import RunStatus, StepStatus
+
+    now = clock.now()
+    alive = Dispatcher.objects.filter(heartbeat_at__gte=now - settings.DISPATCHER_DEAD_AFTER)
+    served: set[str] = set()
+    for queues in alive.values_list("queues", flat=True):
+        if not queues:
+            return []  # a dispatcher serving every queue
+        served.update(queues)
+    due = (
+        _active_steps()
+        .filter(status=StepStatus.SCHEDULED, scheduled_at__lte=now, run__status=RunStatus.READY)
+        .values_list("queue")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    return [
+        CheckWarning(
+            f"{count} due step(s) in queue {queue!r}, which no live dispatcher serves.",
+            hint=f"Start one: python manage.py run_workflow_dispatcher --queue {queue} (or one with no --queue).",
+            id="pgbus_workflows.W009",
+        )
+        for queue, count in sorted(due)
+        if queue not in served
+    ]

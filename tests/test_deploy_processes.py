@@ -131,8 +131,9 @@ def test_before_migrate_the_dispatcher_and_start_say_run_migrate_in_one_line(emp
     assert dispatcher.returncode == 1
     assert dispatcher.stdout.strip() == ""
     assert dispatcher.stderr.strip().splitlines() == [
-        "The database lacks pgbus_workflows migrations (pgbus_workflows.0001_initial, pgbus_workflows.0002_lean_indexes, "
-        "pgbus_workflows.0003_workers_alive_and_job_stalls and 2 more): run `python manage.py migrate`"
+        "The database lacks pgbus_workflows migrations (pgbus_workflows.0001_initial, "
+        "pgbus_workflows.0002_lean_indexes, pgbus_workflows.0003_workers_alive_and_job_stalls and 2 more): "
+        "run `python manage.py migrate`"
     ]
     started = django_run(empty_database, "-c", START)
     assert started.returncode == 0, started.stderr

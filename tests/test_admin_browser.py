@@ -224,3 +224,27 @@ def test_a_user_who_may_only_view_runs_sees_no_attempts_events_signals_or_dispat
         page.wait_for_selector("#runs-by-status")
         assert page.locator("#dispatchers").count() == 0
         assert "worker-1" not in page.content()
+
+
+def test_an_operator_delivers_a_signal_choosing_from_the_names_the_step_waits_for(live_server, django_user_model):
+    order = Order.objects.create()
+    waiting = AdminRefundApproval.start(order)
+    helpers.perform_next_step(waiting)
+    assert waiting.reload().status == "waiting"
+    operator(django_user_model, "sam", *VIEW, "signal_workflowrun")
+
+    with browser_page(live_server) as page:
+        log_in(page, live_server, "sam")
+        page.goto(f"{live_server.url}/admin/pgbus_workflows/workflowrun/{waiting.record.pk}/change/")
+        page.click("a.pgbus-op-signal")
+        name = page.locator("select#id_name")
+        assert name.input_value() == "approved"  # the name the step waits for, chosen already
+        assert name.locator("optgroup").first.get_attribute("label") == "Waited for now"
+        page.fill("#id_payload", '{"amount": 12}')
+        page.fill("#id_reason", "refund approved on the phone")
+        page.click("input[type=submit]")
+        page.wait_for_selector("#timeline")
+        assert "Signal “approved” delivered" in page.locator("ul.messagelist").inner_text()
+
+    assert waiting.reload().status == "ready"
+    assert waiting.signals.get().payload == {"amount": 12}

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.core.checks import Tags, run_checks
 from django.test import override_settings
+from django.urls import reverse
 from django.utils import timezone
 
 from pgbus_workflows import (
@@ -88,6 +89,21 @@ def test_a_run_waiting_on_the_old_name_continues_on_the_renamed_step():
     assert (signal.status, signal.consumed_by_id) == ("consumed", old.pk)
     old.refresh_from_db()
     assert (old.step_name, old.status) == ("review", "completed")
+
+
+def test_a_run_parked_with_the_old_steps_names_is_woken_by_a_name_the_new_step_waits_for():
+    wf = Evolving.start()
+    drain()
+    WorkflowStep.objects.filter(run_id=wf.record.pk, status="waiting").delete()
+    park_as_old_code(wf, "review", ["reviewed"])  # the old step waited for another name
+
+    with pytest.raises(UnknownSignal):
+        wf.signal("reviewed")  # unknown to the new code (extra_signals would accept it)
+    wf.signal("approved", "new name")
+    drain()
+
+    assert wf.reload().status == "finished"
+    assert labels()[-2:] == ["signoff:new name", "last"]
 
 
 def test_a_run_scheduled_on_the_old_name_is_claimed_and_runs_the_renamed_body():
@@ -286,6 +302,43 @@ def test_a_signal_that_woke_a_step_an_operator_skips_goes_back_to_pending():
     assert labels() == ["surely:1"]
 
 
+def test_a_signal_that_woke_a_step_goes_back_to_pending_when_an_operator_resumes_elsewhere():
+    wf = SkippableWait.start()
+    drain()
+    wf.pause(reason="hold on")
+    signal = wf.signal("go", 2)  # consumed by the waiting "maybe", which is now scheduled
+    wf.resume_at("surely", actor="ops", reason="skip the first wait")
+    drain()
+
+    assert wf.reload().status == "finished"
+    assert labels() == ["surely:2"]
+    assert WorkflowSignal.objects.get(pk=signal.pk).consumed_by.step_name == "surely"
+
+
+class CancellableWait(Workflow):
+    name = "deploy_cancellable_wait"
+
+    @step(wait_for="go")
+    def only(self):
+        SideEffect.objects.create(label="ran")
+
+    def cancel_if(self):
+        return SideEffect.objects.filter(label="cancel-now").exists()
+
+
+def test_a_signal_that_woke_a_step_cancel_if_cancels_is_left_pending_not_consumed():
+    wf = CancellableWait.start()
+    drain()
+    SideEffect.objects.create(label="cancel-now")
+    signal = wf.signal("go")
+    drain()
+
+    assert wf.reload().status == "cancelled"
+    signal.refresh_from_db()
+    assert (signal.status, signal.consumed_by_id) == ("pending", None)
+    assert labels() == ["cancel-now"]
+
+
 # -- unknown signal names ----------------------------------------------------------------------------------
 
 
@@ -474,3 +527,34 @@ def test_the_database_check_reports_what_the_code_cannot_run_with_counts_and_wha
 
     Dispatcher.objects.create(name="all-queues", hostname="h", pid=2, queues=[])
     assert "pgbus_workflows.W009" not in database_checks()
+
+
+# -- the admin's signal form ---------------------------------------------------------------------------------
+
+
+def run_page(wf):
+    return reverse("admin:pgbus_workflows_workflowrun_change", args=[wf.record.pk])
+
+
+def operation_url(wf, verb):
+    return reverse(f"admin:pgbus_workflows_workflowrun_{verb}", args=[wf.record.pk])
+
+
+def test_the_admin_signal_form_offers_the_names_the_step_waits_for_and_refuses_others(admin_client, order):
+    wf = Approval.start(order)
+    drain()
+    assert wf.reload().status == "waiting"
+
+    form = admin_client.get(operation_url(wf, "signal")).context["form"]
+    assert form.fields["name"].choices == [("Waited for now", [("approved", "approved")])]
+    assert form.fields["name"].initial == "approved"
+
+    response = admin_client.post(operation_url(wf, "signal"), {"name": "aproved", "payload": "", "reason": "x"})
+    assert response.status_code == 200
+    assert "aproved is not one of the available choices" in " ".join(response.context["form"].errors["name"])
+    assert not WorkflowSignal.objects.exists()
+
+    quiet = Counted.start()  # its steps wait for no signal: no button to deliver one
+    html = admin_client.get(run_page(quiet)).content.decode()
+    assert f'href="{operation_url(quiet, "signal")}"' not in html
+    assert f'href="{operation_url(quiet, "pause")}"' in html

@@ -105,3 +105,19 @@ def test_the_demo_asks_for_migrate_first(tmp_path):
     result = manage(sqlite_env(tmp_path / "empty.sqlite3"), "demo", "--quick")
     assert result.returncode == 1
     assert "run `python manage.py migrate`" in result.stderr
+
+
+def test_on_sqlite_a_dispatcher_passes_over_steps_its_code_lacks(env):
+    probe = (
+        "from pgbus_workflows.models import WorkflowRun, WorkflowStep\n"
+        "from pgbus_workflows.services.claims import claim_due_steps\n"
+        "run = WorkflowRun.objects.create(workflow_class='from_newer_code', current_step='x')\n"
+        "WorkflowStep.objects.create(run=run, step_name='x', queue='workflows')\n"
+        "first = claim_due_steps(10)\n"
+        "second = claim_due_steps(10)\n"
+        "print('claimed', len(first), len(second), WorkflowStep.objects.get(run=run).status)\n"
+        "run.delete()\n"
+    )
+    result = manage(env, "shell", "-c", probe)
+    assert result.returncode == 0, result.stderr
+    assert "claimed 0 0 scheduled" in result.stdout

@@ -72,9 +72,8 @@ def _due_rows(
         queue_filter = "AND s.queue IN ({})".format(", ".join(["%s"] * len(queues)))
     unknown_filter = ""
     if unknown:
-        unknown_filter = "AND (r.workflow_class, s.step_name) NOT IN ({})".format(
-            ", ".join(["(%s, %s)"] * len(unknown))
-        )
+        pairs = ", ".join(["(%s, %s)"] * len(unknown))  # VALUES: SQLite takes row values only from a subquery
+        unknown_filter = f"AND (r.workflow_class, s.step_name) NOT IN (VALUES {pairs})"
     sql = f"""
         SELECT s.id, s.run_id, r.workflow_class, s.step_name FROM {_STEPS} s JOIN {_RUNS} r ON r.id = s.run_id
         WHERE s.status = 'scheduled' AND s.scheduled_at <= %s AND r.status = 'ready' {queue_filter} {unknown_filter}

@@ -490,7 +490,8 @@ def test_the_settings_check_is_registered_with_django():
     assert "pgbus_workflows.E005" in ids
     with override_settings(PGBUS_WORKFLOWS={}):
         ids = [m.id for m in django_checks.run_checks(tags=[django_checks.Tags.compatibility])]
-    assert not [i for i in ids if i and i.startswith("pgbus_workflows.")]
+    # W004 (a class without `name`) is about classes: this module defines nameless ones on purpose.
+    assert not [i for i in ids if i and i.startswith("pgbus_workflows.") and i != "pgbus_workflows.W004"]
 
 
 def test_postgresql_passes_the_database_check():

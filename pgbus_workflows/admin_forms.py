@@ -145,11 +145,6 @@ class Operation:
     done: _StrOrPromise  # "paused" in "3 paused"
     form_class: type[ReasonForm] = ReasonForm
 
-    @property
-    def codename(self) -> str:
-        """The full permission name, for ``user.has_perm()``."""
-        return f"pgbus_workflows.{self.permission}_workflowrun"
-
 
 OPERATIONS: dict[str, Operation] = {
     op.verb: op

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -129,6 +130,7 @@ class WorkflowDispatcher:
         self._signals += 1
         if self._signals > 1:
             logger.warning("Second signal: exiting at once; running steps are left to the sweep")
+            _flush_logs()
             os._exit(1)
         logger.info("Signal %s: finishing running steps, then exiting (signal again to exit at once)", signum)
         self.stop()
@@ -312,6 +314,17 @@ class WorkflowDispatcher:
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", str(error).strip(), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+
+def _flush_logs() -> None:
+    """Flush every handler that would show a record of ours (``os._exit`` skips the flush at exit)."""
+    node: logging.Logger | None = logger
+    while node is not None:
+        for handler in node.handlers:
+            handler.flush()
+        node = node.parent if node.propagate else None
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 @contextmanager

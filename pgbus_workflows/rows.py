@@ -118,14 +118,8 @@ def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = 
     return instance
 
 
-def insert_many(instances: Sequence[Model]) -> None:
-    """``INSERT`` several rows of one model in one statement (primary keys are not read back)."""
-    if instances:
-        run_batch([insert_many_statement(instances)])
-
-
 def insert_many_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:
-    """The ``INSERT`` that :func:`insert_many` runs, to batch with others (``RETURNING`` the keys)."""
+    """One ``INSERT`` of several rows of one model, to batch with others (``RETURNING`` the keys)."""
     model = type(instances[0])
     meta = model._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]

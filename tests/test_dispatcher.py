@@ -99,6 +99,7 @@ def test_second_signal_exits_at_once(dispatchers):
     process.send(signal.SIGINT)
 
     assert process.wait(timeout=5) == 1
+    assert "Second signal: exiting at once" in process.output()  # flushed before the hard exit
     assert WorkflowStep.objects.get(step_name="work").status == "in_progress"  # left to the sweep
 
 
@@ -195,3 +196,42 @@ def test_a_lost_database_connection_is_survived(dispatchers):
 def test_bad_arguments_are_refused_with_a_clear_message(args, message):
     with pytest.raises(CommandError, match=message):
         call_command("run_workflow_dispatcher", *args)
+
+
+LOGGING_PROBE = """
+import io, logging, sys
+import django
+django.setup()
+from django.core.management import call_command
+if sys.argv[1] == "project-handler":
+    records = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+    logging.getLogger().addHandler(Keep())
+out = io.StringIO()
+call_command("run_workflow_dispatcher", "--once", verbosity=1, stdout=out)
+print("captured:", "Dispatcher" in out.getvalue() and "started" in out.getvalue())
+if sys.argv[1] == "project-handler":
+    print("propagated:", any("started" in m for m in records))
+    print("own handler:", bool(logging.getLogger("pgbus_workflows").handlers))
+"""
+
+
+@pytest.mark.parametrize("setup", ["no-logging", "project-handler"])
+def test_the_commands_logs_go_to_the_projects_handlers_or_else_to_its_stdout(setup):
+    import os
+    import subprocess
+    import sys
+
+    from tests.procs import ROOT, database_url
+
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", LOGGING_PROBE, setup], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    if setup == "no-logging":  # nothing would show them: the command writes them to its stdout
+        assert "captured: True" in result.stdout
+    else:  # the project's root handler gets them, and the command adds none of its own
+        assert result.stdout.split() == ["captured:", "False", "propagated:", "True", "own", "handler:", "False"]

@@ -52,6 +52,20 @@ class Command(BaseCommand):
         "SIGTERM/SIGINT: finish running steps and exit 0; a second signal exits at once."
     )
 
+    def configure_logging(self, verbosity: int) -> None:
+        """Set the ``pgbus_workflows`` logger's level from ``--verbosity``.
+
+        The project's logging configuration is kept: records propagate to its handlers. Only
+        when nothing would show them (no handler on the logger or its ancestors) does the
+        command add one, writing to its own stdout (so ``call_command(stdout=...)`` gets them).
+        """
+        logger = logging.getLogger("pgbus_workflows")
+        logger.setLevel(LEVELS.get(verbosity, logging.DEBUG))
+        if not logger.hasHandlers():
+            handler = logging.StreamHandler(self.stdout)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(message)s"))
+            logger.addHandler(handler)
+
     def add_arguments(self, parser: CommandParser) -> None:
         """Declare the flags; every value is validated here, not deep in the loop."""
         parser.add_argument(
@@ -79,13 +93,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Configure logging from --verbosity and run the dispatcher."""
-        logger = logging.getLogger("pgbus_workflows")
-        logger.setLevel(LEVELS.get(options["verbosity"], logging.DEBUG))
-        if not logger.handlers:
-            handler = logging.StreamHandler(sys.stdout)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(message)s"))
-            logger.addHandler(handler)
-            logger.propagate = False
+        self.configure_logging(options["verbosity"])
         dispatcher = WorkflowDispatcher(
             concurrency=options["concurrency"],
             queues=options["queues"],

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any, cast
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from . import states
 from .exceptions import PayloadNotSerializable, PayloadTooLarge
 from .models import WorkflowRun, WorkflowStep
 from .registry import registry
 from .services import operator
 from .services.payload import encode_payload
 from .services.signals import deliver_signal
-from .states import ACTIVE_STEP, ONGOING_RUN, TERMINAL_RUN, RunStatus, StepStatus
+from .states import ACTIVE_STEP
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise
@@ -161,34 +162,24 @@ OPERATIONS: dict[str, Operation] = {
 }
 
 
-def allowed_verbs(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> set[str]:
-    """The verbs the run's state allows, mirroring the checks of ``services.operator``."""
+def allowed_verbs(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> frozenset[str]:
+    """The verbs the run's state allows (``states.allowed_verbs``), for showing buttons only."""
+    return states.allowed_verbs(run_facts(run, active, now))
+
+
+def run_facts(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> states.RunFacts:
+    """What ``states.allowed_verbs`` needs to know about ``run`` and its active attempt."""
     klass = registry.get(run.workflow_class)
-    defines_current = klass is not None and klass.step_definition(run.current_step) is not None
-    status = run.status
-    allowed: set[str] = set()
-    if status in (RunStatus.READY, RunStatus.WAITING, RunStatus.PERFORMING):
-        allowed.add("pause")
-    if status == RunStatus.PAUSED:
-        if active is not None or defines_current:
-            allowed.add("resume")
-        if klass is not None and klass.step_definitions():
-            allowed.add("resume_at")
-    if status in ONGOING_RUN:
-        allowed.add("cancel")
-        if klass is None or klass.signal_names():
-            allowed.add("signal")  # a class whose steps wait for no signal takes none
-        if active is not None and (
-            (active.status == StepStatus.SCHEDULED and active.scheduled_at > now)
-            or (active.status == StepStatus.WAITING and active.wait_for)
-        ):
-            allowed.add("run_now")
-    if status in (RunStatus.READY, RunStatus.PAUSED) and defines_current:
-        if active is None or active.status == StepStatus.SCHEDULED:
-            allowed.add("skip")
-    if status in TERMINAL_RUN and klass is not None:
-        allowed.add("rerun")
-    return allowed
+    return states.RunFacts(
+        status=run.status,
+        active_status=active.status if active is not None else None,
+        active_due_later=active is not None and active.scheduled_at > now,
+        active_waits_for_signal=active is not None and bool(active.wait_for),
+        class_known=klass is not None,
+        current_step_known=klass is not None and klass.step_definition(run.current_step) is not None,
+        class_has_steps=klass is not None and bool(klass.step_definitions()),
+        takes_signals=klass is None or bool(klass.signal_names()),
+    )
 
 
 def perform(op: Operation, run_pk: int, data: dict[str, Any], actor: str) -> Any:

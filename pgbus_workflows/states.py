@@ -1,10 +1,14 @@
 """Statuses and the transition tables: the only moves a run or a step may make.
 
 Every change of a run's status goes through :func:`check_run_transition`, named as in
-pgbus, so the audit trail of a run is a path through :data:`RUN_TRANSITIONS`.
+pgbus, so the audit trail of a run is a path through :data:`RUN_TRANSITIONS`; which operator
+verbs a run may take is :func:`allowed_verbs` (the admin's buttons ask it, and the property
+test checks that the services agree with it).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -110,3 +114,60 @@ def check_step_transition(source: str, target: str) -> None:
     """Raise :class:`InvalidTransition` unless a step attempt may move ``source -> target``."""
     if target not in STEP_TRANSITIONS.get(source, frozenset()):
         raise InvalidTransition(f"A {source} step cannot become {target}")
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What decides which operator verbs a run may take now (read under its lock, or for display)."""
+
+    status: str
+    #: The status of its active attempt (scheduled, in progress, waiting), or None.
+    active_status: str | None = None
+    #: The active attempt is scheduled for later (``run_now`` has a wait to cut short).
+    active_due_later: bool = False
+    #: The active attempt waits for a signal (not for a fan-out).
+    active_waits_for_signal: bool = False
+    #: The run's class is registered in this process.
+    class_known: bool = True
+    #: The class defines (or keeps a gravestone or an old name for) the step of the active or last attempt.
+    current_step_known: bool = True
+    #: The class has a live step to ``resume_at``.
+    class_has_steps: bool = True
+    #: Some step of the class waits for a signal, or it lists ``extra_signals`` (or the class is unknown).
+    takes_signals: bool = True
+
+
+def allowed_verbs(facts: RunFacts) -> frozenset[str]:
+    """The operator verbs a run in this state may take: the services refuse the others.
+
+    ``resume_at`` and ``rerun`` may still be refused for a reason that is not the run's state
+    (an unknown step name; an ongoing run of the same subject, or a deleted subject).
+    """
+    status, active = facts.status, facts.active_status
+    ongoing = status in ONGOING_RUN
+    verbs = set()
+    if status in (RunStatus.READY, RunStatus.WAITING, RunStatus.PERFORMING):
+        verbs.add("pause")
+    if status == RunStatus.PAUSED:
+        if active is not None or facts.current_step_known:
+            verbs.add("resume")
+        if facts.class_has_steps:
+            verbs.add("resume_at")
+    if ongoing:
+        verbs.add("cancel")
+        if facts.takes_signals:
+            verbs.add("signal")
+        if (active == StepStatus.SCHEDULED and facts.active_due_later) or (
+            active == StepStatus.WAITING and facts.active_waits_for_signal
+        ):
+            verbs.add("run_now")
+    if status in (RunStatus.READY, RunStatus.PAUSED, RunStatus.WAITING) and active in (
+        None,
+        StepStatus.SCHEDULED,
+        StepStatus.WAITING,
+    ):
+        if (status == RunStatus.WAITING and active is not None) or facts.current_step_known:
+            verbs.add("skip")
+    if status in TERMINAL_RUN and facts.class_known:
+        verbs.add("rerun")
+    return frozenset(verbs)

@@ -354,7 +354,7 @@ def test_run_page_escapes_step_output(operator_client):
         (ready_run, {"pause", "cancel", "run_now", "skip", "signal"}, {"resume", "resume_at", "rerun"}),
         (due_run, {"pause", "cancel", "skip", "signal"}, {"run_now", "resume", "rerun"}),
         (failed_run, {"resume", "resume_at", "cancel", "skip", "signal"}, {"pause", "rerun", "run_now"}),
-        (waiting_run, {"pause", "cancel", "run_now", "signal"}, {"resume", "skip", "rerun"}),
+        (waiting_run, {"pause", "cancel", "run_now", "signal", "skip"}, {"resume", "rerun"}),
         (finished_run, {"rerun"}, {"pause", "resume", "resume_at", "cancel", "run_now", "skip", "signal"}),
     ],
 )

@@ -50,6 +50,7 @@ from hypothesis.stateful import (
 )
 
 from pgbus_workflows import OnException, Workflow, step
+from pgbus_workflows.admin_forms import allowed_verbs
 from pgbus_workflows.exceptions import (
     AlreadyRunning,
     IdempotencyConflict,
@@ -528,16 +529,13 @@ class WorkflowMachine(RuleBasedStateMachine):
         status = run.status
         now = timezone.now()
         refusal: type[Exception] | tuple[type[Exception], ...] = InvalidTransition
-        if verb == "pause":
-            allowed = status in ("ready", "waiting", "performing")
-        elif verb == "resume":
-            allowed, refusal = status == "paused", NotPaused
-        elif verb == "resume_at":
-            live = cls.step_definition(step_name) is not None
-            allowed = status == "paused" and live
+        # The one answer the admin's buttons use; the services must agree with it.
+        allowed = verb in allowed_verbs(run, active, now)
+        if verb in ("resume", "resume_at") and status != "paused":
+            refusal = NotPaused
+        if verb == "resume_at":
+            allowed = allowed and cls.step_definition(step_name) is not None
             refusal = NotPaused if status != "paused" else StepNotDefined
-        elif verb == "cancel":
-            allowed = status in ONGOING_RUN
         elif verb == "rerun":
             other = (
                 WorkflowRun.objects.ongoing()
@@ -545,21 +543,8 @@ class WorkflowMachine(RuleBasedStateMachine):
                 .exclude(pk=run.pk)
                 .exists()
             )
-            allowed = status in TERMINAL_RUN and not (run.subject_id and other)
+            allowed = allowed and not (run.subject_id and other)
             refusal = (InvalidTransition, AlreadyRunning)
-        elif verb == "run_now":
-            allowed = (
-                status in ONGOING_RUN
-                and active is not None
-                and (
-                    (active.status == "scheduled" and active.scheduled_at > now)
-                    or (active.status == "waiting" and bool(active.wait_for))
-                )
-            )
-        else:  # skip
-            allowed = status in ("ready", "paused", "waiting") and (
-                active is None or active.status in ("scheduled", "waiting")
-            )
         before = snapshot()
         call = getattr(handle, verb)
         args = (step_name,) if verb == "resume_at" else ()

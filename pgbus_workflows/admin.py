@@ -128,6 +128,9 @@ class FinishedWithinFilter(admin.SimpleListFilter):
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Engine rows are written by the services only: nobody adds, edits or deletes them here."""
 
+    class Media:
+        css = {"all": ("pgbus_workflows/admin.css",)}
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -337,6 +340,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
+            "media": self.media,
             "title": _("Workflows dashboard"),
             "opts": self.opts,
             **dashboard_context(self.admin_site, request, clock.now()),

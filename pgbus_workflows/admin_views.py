@@ -90,7 +90,7 @@ def pretty_json(value: Any) -> str:
 
 
 def status_badge(status: str, label: Any = None) -> SafeString:
-    """A coloured status label (colours in ``pgbus_workflows/styles.html``)."""
+    """A coloured status label (colours in ``static/pgbus_workflows/admin.css``)."""
     return format_html('<span class="pgbus-badge pgbus-s-{}">{}</span>', status, label or status)
 
 
@@ -146,6 +146,7 @@ def bulk_operation(
     shown = list(queryset.order_by("pk")[:50])
     context = {
         **modeladmin.admin_site.each_context(request),
+        "media": modeladmin.media,
         "title": _("%(label)s: are you sure?") % {"label": op.label},
         "opts": modeladmin.opts,
         "operation": op,
@@ -197,6 +198,7 @@ def operation_view(modeladmin: WorkflowRunAdmin, request: HttpRequest, object_id
         return HttpResponseRedirect(run_url(site, run))
     context = {
         **modeladmin.admin_site.each_context(request),
+        "media": modeladmin.media,
         "title": op.label,
         "subtitle": str(run),
         "opts": modeladmin.opts,

@@ -19,6 +19,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.contrib.messages.constants import SUCCESS, WARNING
+from django.contrib.staticfiles import finders
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -802,3 +803,24 @@ def test_run_page_shows_fan_out_progress_linked_to_its_read_only_jobs(operator_c
     assert jobs_page.status_code == 200
     assert jobs_page.content.decode().count('<td class="field-function">tests.testapp.jobs.square</td>') == 3
     assert operator_client.post("/admin/pgbus_workflows/fanoutjob/add/", {}).status_code == 403
+
+
+def test_every_admin_page_links_the_stylesheet_through_media(operator_client):
+    wf = waiting_run()
+    pages = [
+        run_page(wf),
+        reverse("admin:pgbus_workflows_workflowrun_changelist"),
+        dashboard(),
+        operation_url(wf, "pause"),
+        reverse("admin:pgbus_workflows_workflowstep_changelist"),
+    ]
+    for url in pages:
+        html = operator_client.get(url).content.decode()
+        assert 'href="/static/pgbus_workflows/admin.css"' in html, url
+        assert "<style>" not in html, url
+    response = operator_client.post(
+        reverse("admin:pgbus_workflows_workflowrun_changelist"),
+        {"action": "pause_runs", "_selected_action": [wf.record.pk]},
+    )
+    assert 'href="/static/pgbus_workflows/admin.css"' in response.content.decode()  # the bulk confirmation
+    assert finders.find("pgbus_workflows/admin.css")

@@ -174,6 +174,9 @@ def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_us
         page.click(f"#result_list a:has-text('{str(failing.workflow_id)[:8]}')")
         page.wait_for_selector("#timeline")
         assert page.locator(".pgbus-error").first.inner_text() == f"{__name__}.CarrierDown"
+        # The stylesheet (ModelAdmin.Media, served as a static file) is applied: badges are coloured.
+        colour = page.eval_on_selector(".pgbus-badge", "e => getComputedStyle(e).backgroundColor")
+        assert colour not in ("rgba(0, 0, 0, 0)", "transparent"), colour
         page.screenshot(path=str(shots / "run.png"), full_page=True)
 
         page.click("a.pgbus-op-resume")

@@ -54,11 +54,13 @@ def old_claim(limit: int) -> list[Any]:
     from django.db import connection, transaction
 
     from pgbus_workflows import clock
+    from pgbus_workflows.models import WorkflowRun, WorkflowStep
     from pgbus_workflows.services import claims
 
     now = clock.now()
     sql = f"""
-        SELECT s.id, s.run_id FROM {claims._STEPS} s JOIN {claims._RUNS} r ON r.id = s.run_id
+        SELECT s.id, s.run_id FROM {WorkflowStep._meta.db_table} s JOIN {WorkflowRun._meta.db_table} r
+        ON r.id = s.run_id
         WHERE s.status = 'scheduled' AND s.scheduled_at <= %s AND r.status = 'ready'
         ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s FOR UPDATE OF r SKIP LOCKED
     """

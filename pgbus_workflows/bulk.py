@@ -1,8 +1,9 @@
 """Writes of many rows at once: one statement per model and set of columns, whatever the count.
 
 Several runs' units of work are written together (:class:`WriteBatch`). On PostgreSQL each
-statement takes its values as one array per column (``unnest``), so its text is the same
-for any number of rows: psycopg and the server parse it once, not once per batch size.
+statement (``sql.statements``: ``unnest_insert``, ``unnest_update``) takes its values as one
+array per column, so its text is the same for any number of rows: psycopg and the server
+parse it once, not once per batch size.
 Values are prepared as ``Model.save`` would; the plain column types skip the field's
 preparation, which would return them unchanged.
 """
@@ -15,7 +16,8 @@ from typing import Any
 from django.db import connection, models
 from django.db.models import Field, Model
 
-from . import rows
+from . import rows, sql
+from .sql import Statement
 
 Prepare = Callable[[Any], Any]
 _PLAIN = (
@@ -27,7 +29,6 @@ _PLAIN = (
     models.BigAutoField,
     models.DateTimeField,
 )
-_sql: dict[tuple[Any, ...], str] = {}
 _preparers: dict[tuple[type[Model], str, str], Prepare] = {}
 _relations: dict[type[Model], list[Field[Any, Any]]] = {}
 
@@ -55,35 +56,21 @@ def _bound(field: Field[Any, Any]) -> Prepare:
     return lambda value: field.get_db_prep_save(value, connection)
 
 
-def _cast(field: Field[Any, Any]) -> str:
-    return f"%b::{field.db_type(connection)}[]"
-
-
-def insert_statement(instances: Sequence[Model], *, returning: bool = False) -> rows.Statement:
+def insert_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:
     """One ``INSERT`` of ``instances`` (all of one model), ``RETURNING`` their keys in order."""
     if connection.vendor != "postgresql":
         return rows.insert_many_statement(instances, returning=returning)
     model = type(instances[0])
-    meta = model._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    key = ("insert", model, returning)
-    sql = _sql.get(key)
-    if sql is None:
-        columns = ", ".join(rows.quote(f.column) for f in fields)
-        arrays = ", ".join(_cast(f) for f in fields)
-        table = rows.quote(meta.db_table)
-        sql = f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays})"  # noqa: S608 - names from the model
-        if returning:
-            sql += f" RETURNING {rows.quote(meta.pk.column)}"
-        _sql[key] = sql
     params = []
-    for field in fields:
+    for field in model._meta.concrete_fields:
+        if field.primary_key:
+            continue
         prepare = _preparer(model, field)
         params.append([prepare(field.pre_save(obj, True)) for obj in instances])
-    return sql, params
+    return sql.statement("unnest_insert", model, returning), params
 
 
-def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[rows.Statement]:
+def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[Statement]:
     """``UPDATE`` rows by key: one statement per model and set of changed fields.
 
     Each row appears once (the caller merges the fields of a row changed twice).
@@ -95,27 +82,13 @@ def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[r
         groups.setdefault((type(instance), names), []).append(instance)
     statements = []
     for (model, names), instances in groups.items():
-        ordered = sorted(names)
-        fields = [model._meta.get_field(name) for name in ordered]
-        pk = model._meta.pk
-        key = ("update", model, tuple(ordered))
-        sql = _sql.get(key)
-        if sql is None:
-            table = rows.quote(model._meta.db_table)
-            assignments = ", ".join(f"{rows.quote(f.column)} = v.{rows.quote(f.column)}" for f in fields)  # type: ignore[union-attr]
-            aliases = ", ".join(rows.quote(f.column) for f in [pk, *fields])  # type: ignore[union-attr]
-            arrays = ", ".join(_cast(f) for f in [pk, *fields])  # type: ignore[arg-type]
-            key_column = rows.quote(pk.column)
-            sql = (
-                f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({aliases}) "  # noqa: S608 - names from the model
-                f"WHERE {table}.{key_column} = v.{key_column}"
-            )
-            _sql[key] = sql
+        ordered = tuple(sorted(names))
         params: list[Any] = [[obj.pk for obj in instances]]
-        for field in fields:
+        for name in ordered:
+            field = model._meta.get_field(name)
             prepare = _preparer(model, field)  # type: ignore[arg-type]
             params.append([prepare(getattr(obj, field.attname)) for obj in instances])  # type: ignore[union-attr]
-        statements.append((sql, params))
+        statements.append((sql.statement("unnest_update", model, ordered), params))
     return statements
 
 
@@ -148,24 +121,25 @@ class WriteBatch:
         """Run every deferred write (inside the caller's transaction)."""
         head = update_statements([(obj, frozenset(names)) for obj, names in self._changes.values()])
         if connection.vendor != "postgresql":
-            rows.run_batch(head)
+            sql.run_batch(head)
             for instance in self.inserts:
                 rows.insert(instance)
             if self.rows:
-                rows.run_batch([insert_statement(link(self.rows))])
+                sql.run_batch([insert_statement(link(self.rows))])
             return
-        with rows.pipeline() as cursor:
-            for sql, params in head:
-                cursor.execute(sql, params, prepare=True)
+        with sql.pipeline() as cursor:
+            for text, params in head:
+                cursor.execute(text, params)
             if self.inserts:
-                cursor.execute(*insert_statement(self.inserts, returning=True), prepare=True)
+                cursor.execute(*insert_statement(self.inserts, returning=True))
                 keys = cursor.fetchall()  # the first round trip
                 for instance, (pk,) in zip(self.inserts, keys, strict=True):
                     rows.mark_saved(instance, pk)
             if self.rows:
-                cursor.execute(*insert_statement(link(self.rows)), prepare=True)
+                cursor.execute(*insert_statement(link(self.rows)))
+            notify = sql.statement("notify")
             for queue in sorted(self.notify):
-                cursor.execute("SELECT pg_notify(%s, %s)", [channel, queue], prepare=True)
+                cursor.execute(notify, [channel, queue])
 
 
 def link(instances: Sequence[Model]) -> Sequence[Model]:

@@ -21,6 +21,8 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from . import sql
+
 logger = logging.getLogger("pgbus_workflows")
 
 #: Seconds between two readings of the server's clock.
@@ -56,9 +58,9 @@ def _read() -> tuple[datetime, float] | None:
     if connection.vendor != "postgresql":
         return None
     try:
-        with connection.cursor() as cursor:
+        with sql.cursor() as cursor:
             before = time.monotonic()
-            cursor.execute("SELECT clock_timestamp()")
+            cursor.execute(sql.statement("database_clock"))
             after = time.monotonic()
             row = cursor.fetchone()
     except DatabaseError:

@@ -14,7 +14,16 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .states import ACTIVE_STEP, ONGOING_RUN, TERMINAL_RUN, RunStatus, StepOutcomeKind, StepStatus
+from .states import (
+    ACTIVE_STEP,
+    ONGOING_RUN,
+    TERMINAL_RUN,
+    JobStatus,
+    RunStatus,
+    SignalStatus,
+    StepOutcomeKind,
+    StepStatus,
+)
 
 
 class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
@@ -215,13 +224,6 @@ class WorkflowEvent(models.Model):
         return f"{self.kind} by {self.actor or 'system'}"
 
 
-class SignalStatus(models.TextChoices):
-    """Whether a signal still waits for a step."""
-
-    PENDING = "pending", _("pending")
-    CONSUMED = "consumed", _("consumed")
-
-
 class WorkflowSignal(models.Model):
     """A named message delivered to a run, consumed once by a step that waits for it."""
 
@@ -286,16 +288,6 @@ class Dispatcher(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-class JobStatus(models.TextChoices):
-    """Where one fan-out job is."""
-
-    PENDING = "pending", _("pending")
-    RUNNING = "running", _("running")
-    SUCCEEDED = "succeeded", _("succeeded")
-    FAILED = "failed", _("failed")
-    CANCELLED = "cancelled", _("cancelled")
 
 
 UNFINISHED_JOB = (JobStatus.PENDING, JobStatus.RUNNING)

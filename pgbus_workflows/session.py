@@ -22,6 +22,8 @@ from typing import Any
 
 from django.db import connection
 
+from .sql import statement
+
 logger = logging.getLogger("pgbus_workflows")
 
 #: How long the LISTEN probe waits for its own notification.
@@ -52,7 +54,7 @@ class TransactionLock:
 
         conn = psycopg.connect(**connection_params())
         try:
-            row = conn.execute("SELECT pg_try_advisory_xact_lock(%s)", [self.key]).fetchone()
+            row = conn.execute(statement("advisory_xact_lock"), [self.key]).fetchone()
         except BaseException:
             conn.close()
             raise
@@ -75,10 +77,8 @@ def probe_listen(conn: Any, channel: str) -> bool:
     Through a transaction-mode pool the LISTEN stays on a server connection the client no
     longer holds, and the probe never comes back.
     """
-    from psycopg import sql
-
     probe = f"probe:{uuid.uuid4().hex}"
-    conn.execute(sql.SQL("SELECT pg_notify({}, {})").format(sql.Literal(channel), sql.Literal(probe)))
+    conn.execute(statement("notify"), [channel, probe])
     deadline = time.monotonic() + PROBE_SECONDS
     while (left := deadline - time.monotonic()) > 0:
         for note in conn.notifies(timeout=left, stop_after=1):

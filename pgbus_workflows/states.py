@@ -83,6 +83,18 @@ RUN_TRANSITIONS: dict[str, frozenset[tuple[str, str]]] = {
     "cancel": frozenset({(s, _R.CANCELLED) for s in (_R.READY, _R.WAITING, _R.PAUSED, _R.PERFORMING)}),
 }
 
+#: Transitions a step's move makes of its run. On a paused run the step still moves, but
+#: the run stays paused: the move is recorded as ``hold`` (nothing runs until ``resume()``).
+HELD_WHILE_PAUSED = frozenset({"advance", "park", "wake", "step_pause"})
+
+
+def unless_paused(transition: str, source: str, target: str) -> tuple[str, str]:
+    """The transition and target a run in ``source`` takes: ``hold`` when a pause holds it."""
+    if source == RunStatus.PAUSED and transition in HELD_WHILE_PAUSED:
+        return "hold", RunStatus.PAUSED
+    return transition, target
+
+
 _S = StepStatus
 
 #: step status -> the statuses an attempt may move to from it.
@@ -95,6 +107,60 @@ STEP_TRANSITIONS: dict[str, frozenset[str]] = {
     _S.SKIPPED: frozenset(),
     _S.CANCELLED: frozenset(),
 }
+
+
+class JobStatus(models.TextChoices):
+    """Where one fan-out job is."""
+
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+class SignalStatus(models.TextChoices):
+    """Whether a signal is still to be consumed."""
+
+    PENDING = "pending", _("pending")
+    CONSUMED = "consumed", _("consumed")
+
+
+_J = JobStatus
+
+#: fan-out job event -> (from, to). Every job write is a compare-and-set on ``from``
+#: (``UPDATE ... WHERE status = from``): a job another writer moved first is left alone.
+JOB_EVENTS: dict[str, tuple[str, str]] = {
+    "claim": (_J.PENDING, _J.RUNNING),  # a dispatcher starts an attempt
+    "succeed": (_J.RUNNING, _J.SUCCEEDED),
+    "fail": (_J.RUNNING, _J.FAILED),  # attempts spent, or the fan-out ended
+    "retry": (_J.RUNNING, _J.PENDING),  # after the backoff, the attempt counted
+    "put_back": (_J.RUNNING, _J.PENDING),  # stalled or its dispatcher died: the attempt not counted
+    "cancel": (_J.PENDING, _J.CANCELLED),  # its fan-out step ended before it started
+}
+
+#: signal event -> (from, to), under the run's lock.
+SIGNAL_EVENTS: dict[str, tuple[str, str]] = {
+    "consume": (SignalStatus.PENDING, SignalStatus.CONSUMED),  # a waiting step takes it
+    "return": (SignalStatus.CONSUMED, SignalStatus.PENDING),  # the attempt that took it never ran its body
+}
+
+
+def job_event(event: str) -> tuple[str, str]:
+    """``(from, to)`` of a fan-out job event; raises :class:`InvalidTransition` for an unknown one."""
+    try:
+        return JOB_EVENTS[event]
+    except KeyError:
+        raise InvalidTransition(f"Unknown fan-out job event {event!r}") from None
+
+
+def signal_event(event: str, source: str) -> str:
+    """The status a signal in ``source`` takes on ``event``; raises :class:`InvalidTransition` otherwise."""
+    expected, target = SIGNAL_EVENTS.get(event, ("", ""))
+    if source != expected:
+        raise InvalidTransition(f"A {source} signal cannot {event} (it must be {expected or 'nothing'})")
+    return target
+
 
 #: The verb users read in messages ("Cannot pause a finished workflow").
 _VERBS = {"step_pause": "pause", "hold": "hold"}

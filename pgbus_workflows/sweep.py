@@ -41,7 +41,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Subquery
 
-from . import clock, signals
+from . import clock, signals, sql
 from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
@@ -131,11 +131,8 @@ def _delete_runs(ids: list[int]) -> None:
     if connection.vendor != "postgresql":
         WorkflowRun.objects.filter(pk__in=ids, status__in=TERMINAL_RUN).delete()
         return
-    with connection.cursor() as cursor:
-        cursor.execute(_DELETE_RUNS, [ids, sorted(TERMINAL_RUN)])
-
-
-_DELETE_RUNS = f"DELETE FROM {WorkflowRun._meta.db_table} WHERE id = ANY(%s) AND status = ANY(%s)"  # noqa: S608
+    with sql.cursor() as cursor:
+        cursor.execute(sql.statement("delete_runs"), [ids, sorted(TERMINAL_RUN)])
 
 
 def status_counts() -> dict[tuple[str, str], int]:

@@ -17,7 +17,7 @@ from functools import partial
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
-from .. import clock
+from .. import clock, sql
 from ..conf import settings
 from ..models import WorkflowStep
 from ..states import StepStatus
@@ -124,11 +124,8 @@ def _bound_transaction(seconds: float | None) -> None:
     if connection.vendor != "postgresql":
         return
     value = "0" if seconds is None else f"{max(int(seconds * 1000), 1)}ms"
-    with connection.cursor() as cursor:
-        cursor.execute(_BOUND, [value, value])
-
-
-_BOUND = "SELECT set_config('statement_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)"
+    with sql.cursor() as cursor:
+        cursor.execute(sql.statement("bound_transaction"), [value, value])
 
 
 def _check_deferred_constraints(outcome: StepOutcome) -> StepOutcome:
@@ -140,9 +137,9 @@ def _check_deferred_constraints(outcome: StepOutcome) -> StepOutcome:
     if connection.vendor != "postgresql":
         return outcome
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        with transaction.atomic(), sql.cursor() as cursor:
+            cursor.execute(sql.statement("constraints_immediate"))
+            cursor.execute(sql.statement("constraints_deferred"))
     except IntegrityError as error:
         raise _RollBack(StepOutcome.from_error(error)) from error
     return outcome

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from .. import clock, rows
+from .. import clock, rows, sql
 from ..conf import settings
 from ..deploy import can_run_step
 from ..models import WorkflowRun, WorkflowStep
@@ -49,8 +49,6 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
         return _claim(pairs, now, claimed_by)
 
 
-_STEPS = WorkflowStep._meta.db_table
-_RUNS = WorkflowRun._meta.db_table
 #: ``(class, step name)`` pairs this process was offered and cannot run (left out of later claims).
 _unrunnable: set[tuple[str, str]] = set()
 #: Claim queries one claim makes at most while it learns names it cannot run.
@@ -64,30 +62,18 @@ def _due_rows(
 
     Only the runs are locked, with SKIP LOCKED: the lock order is always run, then step,
     and a run another dispatcher (or an operator) holds is passed over, not waited for.
-    The ORDER BY matches the partial index ``pgbus_wf_step_due``; ``unknown`` pairs are left out.
+    The order is the partial index ``pgbus_wf_step_due``'s; ``unknown`` pairs are left out.
     """
-    queue_filter = "" if queues is None else "AND s.queue = ANY(%s)"
-    lock = "FOR UPDATE OF r SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    if queues is not None and connection.vendor != "postgresql":
-        queue_filter = "AND s.queue IN ({})".format(", ".join(["%s"] * len(queues)))
-    unknown_filter = ""
-    if unknown:
-        pairs = ", ".join(["(%s, %s)"] * len(unknown))  # VALUES: SQLite takes row values only from a subquery
-        unknown_filter = f"AND (r.workflow_class, s.step_name) NOT IN (VALUES {pairs})"
-    sql = f"""
-        SELECT s.id, s.run_id, r.workflow_class, s.step_name FROM {_STEPS} s JOIN {_RUNS} r ON r.id = s.run_id
-        WHERE s.status = 'scheduled' AND s.scheduled_at <= %s AND r.status = 'ready' {queue_filter} {unknown_filter}
-        ORDER BY s.priority, s.scheduled_at, s.id
-        LIMIT %s {lock}
-    """  # noqa: S608 - table names come from the models, values are parameters
+    postgresql = connection.vendor == "postgresql"
+    shape = None if queues is None else (len(queues) if not postgresql else 0)
     params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
     if queues is not None:
-        params.extend([queues] if connection.vendor == "postgresql" else queues)
+        params.extend([queues] if postgresql else queues)
     for pair in unknown:
         params.extend(pair)
     params.append(limit)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    with sql.cursor() as cursor:
+        cursor.execute(sql.statement("due_steps", shape, len(unknown)), params)
         return [(row[0], row[1], row[2], row[3]) for row in cursor.fetchall()]
 
 
@@ -144,17 +130,11 @@ def still_in_progress(step_pks: Sequence[int]) -> set[int]:
     """Which of these claimed attempts are still in progress (not cancelled or stalled since)."""
     if not step_pks:
         return set()
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(_IN_PROGRESS, [list(step_pks), StepStatus.IN_PROGRESS.value])
-        else:
-            marks = ", ".join(["%s"] * len(step_pks))
-            sql = f"SELECT id FROM {_STEPS} WHERE id IN ({marks}) AND status = %s"  # noqa: S608
-            cursor.execute(sql, [*step_pks, StepStatus.IN_PROGRESS.value])
+    postgresql = connection.vendor == "postgresql"
+    with sql.cursor() as cursor:
+        text = sql.statement("steps_in_progress", None if postgresql else len(step_pks))
+        cursor.execute(text, [list(step_pks)] if postgresql else list(step_pks))
         return {row[0] for row in cursor.fetchall()}
-
-
-_IN_PROGRESS = f"SELECT id FROM {_STEPS} WHERE id = ANY(%s) AND status = %s"  # noqa: S608
 
 
 def heartbeat(step: WorkflowStep) -> bool:

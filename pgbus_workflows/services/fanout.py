@@ -14,19 +14,19 @@ import traceback
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache, partial
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, F, Max, Q
 
-from .. import clock, rows
+from .. import clock, rows, sql
 from ..conf import settings
 from ..definitions import resolve_job, resolve_wait
 from ..deploy import can_run_job
 from ..exceptions import FanOutFailed
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
-from ..states import RunStatus, StepStatus
+from ..states import RunStatus, StepStatus, job_event
 from . import waiting
 from .body import Chain
 from .isolation import RowFailures
@@ -37,8 +37,6 @@ from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
 
 logger = logging.getLogger("pgbus_workflows")
 
-_JOBS = FanOutJob._meta.db_table
-_STEPS = WorkflowStep._meta.db_table
 BATCH_SIZE = 500
 
 
@@ -73,23 +71,14 @@ def _due_jobs(
 ) -> list[tuple[int, str, datetime]]:
     """``(id, function, scheduled_at)`` of due pending jobs, locked; ``unknown`` functions left out until ``cutoff``."""
     adapt = connection.ops.adapt_datetimefield_value
-    where = "status = 'pending' AND scheduled_at <= %s"
-    params: list[Any] = [adapt(now)]
-    if queues is not None:
-        where += " AND queue IN ({})".format(", ".join(["%s"] * len(queues)))
-        params.extend(queues)
+    params: list[Any] = [adapt(now), *(queues or [])]
     if unknown:
-        where += " AND NOT (function IN ({}) AND scheduled_at > %s)".format(", ".join(["%s"] * len(unknown)))
         params.extend([*unknown, adapt(cutoff)])
-    lock = "FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    sql = f"""
-        SELECT id, function, scheduled_at FROM {_JOBS} WHERE {where} ORDER BY priority, scheduled_at, id LIMIT %s {lock}
-    """  # noqa: S608 - table names come from the models, values are parameters
-    field = FanOutJob._meta.get_field("scheduled_at")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, limit])
+    text = sql.statement("due_jobs", None if queues is None else len(queues), len(unknown))
+    with sql.cursor() as cursor:
+        cursor.execute(text, [*params, limit])
         found = cursor.fetchall()
-    column = field.get_col(_JOBS)
+    column = FanOutJob._meta.get_field("scheduled_at").get_col(FanOutJob._meta.db_table)
     convert = connection.ops.get_db_converters(column)
     result = []
     for pk, path, at in found:
@@ -113,31 +102,21 @@ def _start(ids: list[int], now: datetime, claimed_by: str) -> list[FanOutJob]:
     if not ids:
         return []
     if connection.vendor != "postgresql":
-        jobs = list(FanOutJob.objects.select_related("step").filter(pk__in=ids, status=JobStatus.PENDING))
+        source, target = job_event("claim")
+        jobs = list(FanOutJob.objects.select_related("step").filter(pk__in=ids, status=source))
         for job in jobs:
-            job.status = JobStatus.RUNNING
+            job.status = target
             job.attempts += 1
             job.started_at = now
             job.claimed_by = claimed_by
             job.stall_at = now + (job.step.timeout or settings.STALL_THRESHOLD)
         FanOutJob.objects.bulk_update(jobs, ["status", "attempts", "started_at", "claimed_by", "stall_at"])
     else:
-        with rows.pipeline() as cursor:
-            cursor.execute(_start_sql(), [now, claimed_by, now, settings.STALL_THRESHOLD, ids], prepare=True)
+        with sql.pipeline() as cursor:
+            cursor.execute(sql.statement("start_jobs"), [now, claimed_by, now, settings.STALL_THRESHOLD, ids])
             jobs = [rows.from_row(FanOutJob, row) for row in cursor.fetchall()]
     order = {pk: n for n, pk in enumerate(ids)}
     return sorted(jobs, key=lambda job: order[job.pk])
-
-
-@cache
-def _start_sql() -> str:
-    """The claim of locked pending jobs, returning their rows (built on first use, not at import)."""
-    columns = ", ".join("j." + rows.quote(f.column) for f in FanOutJob._meta.concrete_fields)
-    return (
-        f"UPDATE {_JOBS} j SET status = 'running', attempts = j.attempts + 1, started_at = %s, claimed_by = %s, "  # noqa: S608
-        f"stall_at = %s + COALESCE(s.timeout, %s) FROM {_STEPS} s "
-        f"WHERE j.id = ANY(%s) AND j.status = 'pending' AND s.id = j.step_id RETURNING {columns}"
-    )
 
 
 @dataclass
@@ -228,23 +207,17 @@ def _finish_many(ends: list[JobEnd]) -> dict[int, str]:
         return {e.job.pk: JobStatus.SUCCEEDED for e in ends if _finish(e.job, JobStatus.SUCCEEDED, result=e.result)}
     result_field = FanOutJob._meta.get_field("result")
     results = [result_field.get_db_prep_save(end.result, connection) for end in ends]
-    with rows.pipeline() as cursor:
+    with sql.pipeline() as cursor:
         params = [clock.now(), [e.job.pk for e in ends], [e.job.attempts for e in ends], results]
-        cursor.execute(_SUCCEEDED, params, prepare=True)
+        cursor.execute(sql.statement("record_job_successes"), params)
         return {pk: JobStatus.SUCCEEDED for (pk,) in cursor.fetchall()}
-
-
-_SUCCEEDED = (
-    f"UPDATE {_JOBS} j SET status = 'succeeded', finished_at = %s, stall_at = NULL, result = v.result "  # noqa: S608
-    "FROM unnest(%b::bigint[], %b::integer[], %b::jsonb[]) AS v(id, attempts, result) "
-    "WHERE j.id = v.id AND j.status = 'running' AND j.attempts = v.attempts RETURNING j.id"
-)
 
 
 def _finish(job: FanOutJob, status: str, **fields: Any) -> bool:
     """Record the end of a running attempt; False when it was cancelled or put back meanwhile."""
-    updated = FanOutJob.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts).update(
-        status=status, finished_at=clock.now(), stall_at=None, **fields
+    source, target = job_event("succeed" if status == JobStatus.SUCCEEDED else "fail")
+    updated = FanOutJob.objects.filter(pk=job.pk, status=source, attempts=job.attempts).update(
+        status=target, finished_at=clock.now(), stall_at=None, **fields
     )
     return updated == 1
 
@@ -260,9 +233,10 @@ def _fail(job: FanOutJob, error: str) -> str:
             error += f"\nThe backoff of {job.step.step_name} raised, so the job is not retried:\n{_formatted(failure)}"
             return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
         # Only a fan-out that still waits wants the retry: not one cancelled or skipped meanwhile.
+        source, target = job_event("retry")
         retried = FanOutJob.objects.filter(
-            pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts, step__status=StepStatus.WAITING
-        ).update(status=JobStatus.PENDING, error=error, scheduled_at=clock.now() + backoff, stall_at=None)
+            pk=job.pk, status=source, attempts=job.attempts, step__status=StepStatus.WAITING
+        ).update(status=target, error=error, scheduled_at=clock.now() + backoff, stall_at=None)
         if retried:
             return JobStatus.PENDING
     return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
@@ -319,9 +293,8 @@ def progress(step: WorkflowStep) -> dict[str, int]:
 
 def cancel_pending_jobs(step: WorkflowStep) -> int:
     """Cancel the jobs of ``step`` that have not started (running ones finish, their result unused)."""
-    return FanOutJob.objects.filter(step_id=step.pk, status=JobStatus.PENDING).update(
-        status=JobStatus.CANCELLED, finished_at=clock.now()
-    )
+    source, target = job_event("cancel")
+    return FanOutJob.objects.filter(step_id=step.pk, status=source).update(status=target, finished_at=clock.now())
 
 
 def results(run: WorkflowRun, step_name: str) -> Iterator[Any]:
@@ -360,10 +333,11 @@ def _recover_job(job: FanOutJob, dead: bool) -> bool:
     error = f"Job {job.function} #{job.index} attempt {job.attempts} stalled: {why}"
     limit = settings.MAX_STALLS
     if limit is None or job.stalls < limit:
+        source, target = job_event("put_back")
         put_back = FanOutJob.objects.filter(
-            pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts, step__status=StepStatus.WAITING
+            pk=job.pk, status=source, attempts=job.attempts, step__status=StepStatus.WAITING
         ).update(
-            status=JobStatus.PENDING,
+            status=target,
             attempts=F("attempts") - 1,
             stalls=F("stalls") + 1,
             error=error,

@@ -15,14 +15,22 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection, transaction
 from django.db.models import Max
 
-from .. import clock, rows, signals
+from .. import clock, rows, signals, sql
 from ..bulk import WriteBatch, link
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..registry import registry
-from ..states import ACTIVE_STEP, TERMINAL_RUN, RunStatus, StepStatus, check_run_transition, check_step_transition
+from ..states import (
+    ACTIVE_STEP,
+    TERMINAL_RUN,
+    RunStatus,
+    StepStatus,
+    check_run_transition,
+    check_step_transition,
+    unless_paused,
+)
 from .payload import storable_text
 
 if TYPE_CHECKING:
@@ -31,9 +39,6 @@ if TYPE_CHECKING:
 
 SYSTEM_ACTOR = "system"
 MAX_ACTOR_LENGTH = 255
-_NEXT_ATTEMPT = (
-    f"(SELECT COALESCE(MAX(attempt), 0) + 1 FROM {WorkflowStep._meta.db_table} WHERE run_id = %s AND step_name = %s)"  # noqa: S608
-)
 
 
 def workflow_class(run: WorkflowRun) -> type[Workflow]:
@@ -73,7 +78,7 @@ class RunLedger:
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
-        return rows.lock(WorkflowStep, "id = %s AND run_id = %s", [pk, self.run.pk])
+        return rows.lock(WorkflowStep, {"id": pk, "run_id": self.run.pk})
 
     def active_step(self) -> WorkflowStep | None:
         """The run's scheduled, in-progress or waiting attempt, locked; None when it has none."""
@@ -96,8 +101,12 @@ class RunLedger:
         step: WorkflowStep | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
-        """Move the run through the named transition (checked) and record the event."""
+        """Move the run through the named transition (checked) and record the event.
+
+        A paused run stays paused when its step moves on (``states.unless_paused``: ``hold``).
+        """
         source = self.run.status
+        name, target = unless_paused(name, source, target)
         check_run_transition(name, source, target)
         fields: dict[str, Any] = {"status": target, "status_changed_at": self.now}
         if target in TERMINAL_RUN:
@@ -193,7 +202,7 @@ class RunLedger:
             attempt = self.next_attempts.pop(definition.name, None)
         if attempt is None and (wait is not None or not callable(definition.wait)):
             # Numbered by the INSERT itself: one statement instead of a MAX query and an INSERT.
-            computed["attempt"] = (_NEXT_ATTEMPT, [self.run.pk, definition.name])
+            computed["attempt"] = (sql.statement("next_attempt"), [self.run.pk, definition.name])
         elif attempt is None:
             previous = WorkflowStep.objects.filter(run_id=self.run.pk, step_name=definition.name)
             attempt = (previous.aggregate(n=Max("attempt"))["n"] or 0) + 1
@@ -292,9 +301,10 @@ class RunLedger:
             statements.append(rows.insert_many_statement(link(self._events)))  # steps inserted since
             self._events = []
         if connection.vendor == "postgresql":
-            statements += [("SELECT pg_notify(%s, %s)", [settings.NOTIFY_CHANNEL, q]) for q in sorted(self._queues)]
+            notify = sql.statement("notify")
+            statements += [(notify, [settings.NOTIFY_CHANNEL, q]) for q in sorted(self._queues)]
         self._queues.clear()
-        rows.run_batch(statements)  # one round trip
+        sql.run_batch(statements)  # one round trip
 
     def _defer(self, writes: WriteBatch) -> None:
         """Hand the run update, the events and the wake-ups to the shared batch."""
@@ -333,7 +343,7 @@ def locked_step(
     with transaction.atomic(savepoint=savepoint):
         pair = None
         if skip_locked:
-            run = rows.lock(WorkflowRun, "id = %s", [run_pk], skip_locked=True)
+            run = rows.lock(WorkflowRun, {"id": run_pk}, skip_locked=True)
             if run is None:
                 if WorkflowRun.objects.filter(pk=run_pk).exists():
                     raise RunLocked(f"Run {run_pk} is locked by another transaction")
@@ -348,7 +358,7 @@ def locked_step(
             ledger = RunLedger(pair[0], now)
             yield ledger, pair[1]
         else:
-            run = rows.lock(WorkflowRun, "id = %s", [run_pk])
+            run = rows.lock(WorkflowRun, {"id": run_pk})
             if run is None:
                 raise WorkflowRun.DoesNotExist(f"No workflow run with pk {run_pk}")
             ledger = RunLedger(run, now)
@@ -373,7 +383,7 @@ def locked_steps(
         with transaction.atomic(savepoint=savepoint):
             units: list[Unit] = []
             for run_pk, step_pk, _ in sorted(items):
-                run = rows.lock(WorkflowRun, "id = %s", [run_pk])
+                run = rows.lock(WorkflowRun, {"id": run_pk})
                 ledger = None if run is None else RunLedger(run, now)
                 units.append((ledger, None if ledger is None else ledger.lock_step(step_pk)))
             by_step = {step_pk: unit for (_, step_pk, _), unit in zip(sorted(items), units, strict=True)}
@@ -384,11 +394,7 @@ def locked_steps(
                     ledger.flush()
         return
     names = sorted({name for _, _, name in items if name})
-    attempts = (
-        f"SELECT run_id, step_name, MAX(attempt) FROM {WorkflowStep._meta.db_table} "  # noqa: S608
-        "WHERE run_id = ANY(%s) AND step_name = ANY(%s) GROUP BY run_id, step_name",
-        [[run_pk for run_pk, _, _ in items], names],
-    )
+    attempts = (sql.statement("latest_attempts"), [[run_pk for run_pk, _, _ in items], names])
     with transaction.atomic(savepoint=savepoint):
         locked, counts = rows.lock_pairs(
             WorkflowRun, WorkflowStep, "run_id", [(r, s) for r, s, _ in items], then=attempts if names else None
@@ -399,7 +405,7 @@ def locked_steps(
         for run_pk, step_pk, name in items:
             pair = locked.get(step_pk)
             if pair is None:
-                run = rows.lock(WorkflowRun, "id = %s", [run_pk])  # the step is gone (or the run)
+                run = rows.lock(WorkflowRun, {"id": run_pk})  # the step is gone (or the run)
                 units.append((None if run is None else RunLedger(run, now, writes=writes), None))
                 continue
             next_attempts = {name: latest.get((run_pk, name), 0) + 1} if name else None
@@ -418,7 +424,7 @@ def locked_run(pk: int, *, now: datetime | None = None) -> Iterator[RunLedger]:
     Raises ``WorkflowRun.DoesNotExist`` when there is no such run.
     """
     with transaction.atomic():
-        run = rows.lock(WorkflowRun, "id = %s", [pk])
+        run = rows.lock(WorkflowRun, {"id": pk})
         if run is None:
             raise WorkflowRun.DoesNotExist(f"No workflow run with pk {pk}")
         ledger = RunLedger(run, now)

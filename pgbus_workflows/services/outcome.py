@@ -16,8 +16,8 @@ from .. import rows
 from ..conf import settings
 from ..definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
 from ..exceptions import StepNotDefined, StepStalled
-from ..models import FanOutJob, SignalStatus, WorkflowSignal, WorkflowStep
-from ..states import RunStatus, StepOutcomeKind, StepStatus
+from ..models import FanOutJob, WorkflowSignal, WorkflowStep
+from ..states import SIGNAL_EVENTS, RunStatus, StepOutcomeKind, StepStatus
 from .ledger import RunLedger
 from .payload import storable_text
 
@@ -151,9 +151,7 @@ def _open_fan_out(
         batch_size=1000,
     )
     ledger.move_step(step, StepStatus.WAITING, fan_out_total=len(jobs), waiting_since=ledger.now, stall_at=None)
-    name = "hold" if ledger.run.status == RunStatus.PAUSED else "park"
-    target = RunStatus.PAUSED if name == "hold" else RunStatus.WAITING
-    ledger.transition(name, target, kind="fan_out_started", step=step, details={"jobs": len(jobs)})
+    ledger.transition("park", RunStatus.WAITING, kind="fan_out_started", step=step, details={"jobs": len(jobs)})
     ledger.wake(step.queue)
 
 
@@ -162,7 +160,8 @@ def return_signal(ledger: RunLedger, step: WorkflowStep, why: str) -> None:
     signal_pk = step.signal_id
     if signal_pk is None:
         return
-    WorkflowSignal.objects.filter(pk=signal_pk).update(status=SignalStatus.PENDING, consumed_by=None, consumed_at=None)
+    source, target = SIGNAL_EVENTS["return"]
+    WorkflowSignal.objects.filter(pk=signal_pk, status=source).update(status=target, consumed_by=None, consumed_at=None)
     step.signal = None
     rows.update(step, ["signal"])
     ledger.event("signal_returned", step=step, details={"signal_id": signal_pk, "why": why})
@@ -198,10 +197,7 @@ def continue_after(
 
 
 def _advance(ledger: RunLedger, step: WorkflowStep, **kwargs: Any) -> None:
-    if ledger.run.status == RunStatus.PAUSED:
-        ledger.transition("hold", RunStatus.PAUSED, **kwargs, step=step)
-    else:
-        ledger.transition("advance", RunStatus.READY, **kwargs, step=step)
+    ledger.transition("advance", RunStatus.READY, **kwargs, step=step)
 
 
 def _reattempt(
@@ -228,8 +224,6 @@ def _reattempt(
 
 
 def _pause(ledger: RunLedger, step: WorkflowStep, transition: str, **kwargs: Any) -> None:
-    if ledger.run.status == RunStatus.PAUSED:
-        transition = "hold"
     ledger.transition(transition, RunStatus.PAUSED, step=step, **kwargs)
     ledger.set_run(paused_reason=kwargs.get("reason") or "")
 

@@ -19,6 +19,8 @@ from typing import Any, Generic, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+from .. import sql
+
 logger = logging.getLogger("pgbus_workflows")
 T = TypeVar("T")
 
@@ -108,8 +110,8 @@ def _identify() -> tuple[str | None, int | None]:
     """This transaction's id (assigned now) and this connection's server process, on PostgreSQL."""
     if connection.vendor != "postgresql":
         return None, None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_current_xact_id()::text, pg_backend_pid()")
+    with sql.cursor() as cursor:
+        cursor.execute(sql.statement("transaction_id"))
         row: Any = cursor.fetchone()
     return row[0], row[1]
 
@@ -123,12 +125,12 @@ def _committed(state: _Transaction[Any]) -> bool:
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_xact_status(%s::xid8)", [state.xid])
+            with sql.cursor() as cursor:
+                cursor.execute(sql.statement("transaction_status"), [state.xid])
                 row: Any = cursor.fetchone()
                 status = row[0] if row else None
                 if status == "in progress":
-                    cursor.execute("SELECT pg_terminate_backend(%s)", [state.backend])
+                    cursor.execute(sql.statement("terminate_backend"), [state.backend])
         except CONNECTION_ERRORS as error:
             connection.close()
             if time.monotonic() > deadline:

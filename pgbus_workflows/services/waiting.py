@@ -18,7 +18,7 @@ from typing import Any
 from .. import clock, signals
 from ..exceptions import WaitTimedOut
 from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
-from ..states import RunStatus, StepStatus
+from ..states import RunStatus, StepStatus, signal_event
 from .isolation import RowFailures
 from .ledger import RunLedger, locked_step
 from .outcome import StepOutcome, apply_outcome
@@ -39,7 +39,7 @@ def pending_signal(ledger: RunLedger, names: list[str] | tuple[str, ...]) -> Wor
 
 def consume(ledger: RunLedger, signal: WorkflowSignal, step: WorkflowStep) -> None:
     """Mark ``signal`` consumed by ``step`` (once: it is pending and locked)."""
-    signal.status = SignalStatus.CONSUMED
+    signal.status = signal_event("consume", signal.status)
     signal.consumed_by = step
     signal.consumed_at = ledger.now
     signal.save(update_fields=["status", "consumed_by", "consumed_at"])
@@ -54,10 +54,7 @@ def park(ledger: RunLedger, step: WorkflowStep, names: tuple[str, ...], timeout:
         step, StepStatus.WAITING, wait_for=list(names), waiting_since=ledger.now, timeout_at=timeout_at, stall_at=None
     )
     details = {"wait_for": list(names), "timeout_at": timeout_at.isoformat() if timeout_at else None}
-    if ledger.run.status == RunStatus.PAUSED:
-        ledger.transition("hold", RunStatus.PAUSED, kind="step_waiting", step=step, details=details)
-    else:
-        ledger.transition("park", RunStatus.WAITING, kind="step_waiting", step=step, details=details)
+    ledger.transition("park", RunStatus.WAITING, kind="step_waiting", step=step, details=details)
 
 
 def wake(
@@ -72,10 +69,8 @@ def wake(
 ) -> None:
     """Schedule the waiting attempt now (it runs with its signal, or timed out)."""
     ledger.move_step(step, StepStatus.SCHEDULED, scheduled_at=ledger.now, **fields)
-    if ledger.run.status == RunStatus.PAUSED:
-        ledger.transition("hold", RunStatus.PAUSED, kind=kind, step=step, actor=actor, reason=reason, details=details)
-    else:
-        ledger.transition("wake", RunStatus.READY, kind=kind, step=step, actor=actor, reason=reason, details=details)
+    ledger.transition("wake", RunStatus.READY, kind=kind, step=step, actor=actor, reason=reason, details=details)
+    if ledger.run.status == RunStatus.READY:  # not held by a pause
         ledger.wake(step.queue)
 
 

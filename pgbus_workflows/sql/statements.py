@@ -1,0 +1,328 @@
+"""The statements, by name: ``BUILDERS[name](connection, *variant)`` returns the text.
+
+Names are quoted by the backend, status values come from the models' ``TextChoices`` (never
+typed again here), values are parameters, arrays are cast to their element type without a
+length. ``%b`` is a binary parameter (PostgreSQL, server-side binding: :func:`..pipeline`).
+Kept free of logic: which statement runs when is the callers' business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import Field, Model
+
+from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..states import JobStatus, RunStatus, StepStatus, job_event
+
+Builder = Callable[..., str]
+BUILDERS: dict[str, Builder] = {}
+
+
+def builds(name: str) -> Callable[[Builder], Builder]:
+    """Register the function as the builder of statement ``name``."""
+
+    def register(function: Builder) -> Builder:
+        BUILDERS[name] = function
+        return function
+
+    return register
+
+
+# -- names and literals ------------------------------------------------------------------------------------
+
+
+def quote(conn: Any, name: str | None) -> str:
+    """``name`` quoted for the backend."""
+    return str(conn.ops.quote_name(str(name)))
+
+
+def table(conn: Any, model: type[Model]) -> str:
+    """The quoted table of ``model``."""
+    return quote(conn, model._meta.db_table)
+
+
+def column(conn: Any, model: type[Model], name: str) -> str:
+    """The quoted column of field ``name`` of ``model``."""
+    return quote(conn, model._meta.get_field(name).column)  # type: ignore[union-attr]
+
+
+def pk(conn: Any, model: type[Model]) -> str:
+    """The quoted primary key column of ``model``."""
+    return quote(conn, model._meta.pk.column if model._meta.pk else "id")
+
+
+def columns(conn: Any, model: type[Model], prefix: str = "") -> str:
+    """Every concrete column of ``model``, quoted, in field order (as ``rows.from_row`` reads them)."""
+    return ", ".join(prefix + quote(conn, f.column) for f in model._meta.concrete_fields)
+
+
+def literal(value: str) -> str:
+    """A status value as an SQL literal (the values are plain lowercase words: checked)."""
+    if not re.fullmatch(r"[a-z_]+", value):
+        raise ValueError(f"not a status value: {value!r}")
+    return f"'{value}'"
+
+
+def array_of(conn: Any, field: Field[Any, Any]) -> str:
+    """A binary array parameter cast to the element type of ``field``, without a length."""
+    element = re.sub(r"\(\s*\d+(\s*,\s*\d+)?\s*\)", "", str(field.db_type(conn)))
+    return f"%b::{element}[]"
+
+
+# -- rows of any model (rows.py, bulk.py) ----------------------------------------------------------------
+
+
+@builds("update")
+def update(conn: Any, model: type[Model], names: tuple[str, ...]) -> str:
+    """``UPDATE`` some columns of one row by key."""
+    assignments = ", ".join(f"{column(conn, model, name)} = %s" for name in names)
+    return f"UPDATE {table(conn, model)} SET {assignments} WHERE {pk(conn, model)} = %s"
+
+
+@builds("insert")
+def insert(conn: Any, model: type[Model], computed: tuple[tuple[str, str], ...]) -> str:
+    """``INSERT`` one row, ``RETURNING`` its key and the ``computed`` ``(field, SQL expression)`` columns."""
+    expressions = dict(computed)
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    names = ", ".join(quote(conn, f.column) for f in fields)
+    values = ", ".join(expressions.get(f.name, "%s") for f in fields)
+    returning = ", ".join([pk(conn, model), *(column(conn, model, name) for name, _ in computed)])
+    return f"INSERT INTO {table(conn, model)} ({names}) VALUES ({values}) RETURNING {returning}"
+
+
+@builds("insert_many")
+def insert_many(conn: Any, model: type[Model], count: int, returning: bool) -> str:
+    """``INSERT`` ``count`` rows in one statement (placeholders per row: SQLite, and the fallback)."""
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    names = ", ".join(quote(conn, f.column) for f in fields)
+    text = f"INSERT INTO {table(conn, model)} ({names}) VALUES " + ", ".join([row] * count)
+    return text + (f" RETURNING {pk(conn, model)}" if returning else "")
+
+
+@builds("unnest_insert")
+def unnest_insert(conn: Any, model: type[Model], returning: bool) -> str:
+    """``INSERT`` any number of rows from one array per column (PostgreSQL: one text for any count)."""
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+    names = ", ".join(quote(conn, f.column) for f in fields)
+    arrays = ", ".join(array_of(conn, f) for f in fields)
+    text = f"INSERT INTO {table(conn, model)} ({names}) SELECT * FROM unnest({arrays})"
+    return text + (f" RETURNING {pk(conn, model)}" if returning else "")
+
+
+@builds("unnest_update")
+def unnest_update(conn: Any, model: type[Model], names: tuple[str, ...]) -> str:
+    """``UPDATE`` any number of rows by key from one array per column (PostgreSQL)."""
+    key = model._meta.pk
+    fields = [model._meta.get_field(name) for name in names]
+    assignments = ", ".join(f"{quote(conn, f.column)} = v.{quote(conn, f.column)}" for f in fields)  # type: ignore[union-attr]
+    aliases = ", ".join(quote(conn, f.column) for f in [key, *fields])  # type: ignore[union-attr]
+    arrays = ", ".join(array_of(conn, f) for f in [key, *fields])  # type: ignore[arg-type]
+    name = table(conn, model)
+    key_column = pk(conn, model)
+    return (
+        f"UPDATE {name} SET {assignments} FROM unnest({arrays}) AS v({aliases}) "
+        f"WHERE {name}.{key_column} = v.{key_column}"
+    )
+
+
+@builds("lock")
+def lock(conn: Any, model: type[Model], keys: tuple[str, ...], skip_locked: bool) -> str:
+    """``SELECT ... FOR UPDATE`` the row of ``model`` whose fields ``keys`` equal the parameters."""
+    where = " AND ".join(f"{column(conn, model, name)} = %s" for name in keys)
+    text = f"SELECT {columns(conn, model)} FROM {table(conn, model)} WHERE {where}"
+    if conn.features.has_select_for_update:
+        text += " FOR UPDATE"
+        if skip_locked and conn.features.has_select_for_update_skip_locked:
+            text += " SKIP LOCKED"
+    return text
+
+
+@builds("lock_pair")
+def lock_pair(conn: Any, parent: type[Model], child: type[Model], link: str) -> str:
+    """Lock a parent row, then one of its children, in one statement (PostgreSQL)."""
+    return (
+        f"WITH p AS (SELECT {columns(conn, parent)} FROM {table(conn, parent)} "
+        f"WHERE {pk(conn, parent)} = %s FOR UPDATE) "
+        f"SELECT p.*, {columns(conn, child, 'c.')} FROM p JOIN {table(conn, child)} c "
+        f"ON c.{pk(conn, child)} = %s AND c.{quote(conn, link)} = p.{pk(conn, parent)} FOR UPDATE OF c"
+    )
+
+
+@builds("lock_pairs")
+def lock_pairs(conn: Any, parent: type[Model], child: type[Model], link: str) -> str:
+    """Lock several parents in key order, then one child of each, in one statement (PostgreSQL)."""
+    key = pk(conn, parent)
+    return (
+        f"WITH p AS (SELECT {columns(conn, parent)} FROM {table(conn, parent)} "
+        f"WHERE {key} = ANY(%s) ORDER BY {key} FOR UPDATE) "
+        f"SELECT p.*, {columns(conn, child, 'c.')} FROM p JOIN {table(conn, child)} c "
+        f"ON c.{quote(conn, link)} = p.{key} WHERE c.{pk(conn, child)} = ANY(%s) FOR UPDATE OF c"
+    )
+
+
+# -- steps -----------------------------------------------------------------------------------------------
+
+
+@builds("due_steps")
+def due_steps(conn: Any, queues: int | None, unknown: int) -> str:
+    """Due steps of ready runs by priority (the partial index ``pgbus_wf_step_due``), their runs locked.
+
+    ``queues``: None for every queue, else how many queue names follow (an array on
+    PostgreSQL); ``unknown``: how many ``(class, step name)`` pairs to leave out.
+    """
+    steps, runs = table(conn, WorkflowStep), table(conn, WorkflowRun)
+    where = [
+        f"s.status = {literal(StepStatus.SCHEDULED)}",
+        "s.scheduled_at <= %s",
+        f"r.status = {literal(RunStatus.READY)}",
+    ]
+    if queues is not None:
+        where.append("s.queue = ANY(%s)" if conn.vendor == "postgresql" else f"s.queue IN ({_marks(queues)})")
+    if unknown:
+        pairs = ", ".join(["(%s, %s)"] * unknown)  # VALUES: SQLite takes row values only from a subquery
+        where.append(f"(r.workflow_class, s.step_name) NOT IN (VALUES {pairs})")
+    lock = " FOR UPDATE OF r SKIP LOCKED" if conn.features.has_select_for_update_skip_locked else ""
+    return (
+        f"SELECT s.id, s.run_id, r.workflow_class, s.step_name FROM {steps} s JOIN {runs} r ON r.id = s.run_id "
+        f"WHERE {' AND '.join(where)} ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s{lock}"
+    )
+
+
+@builds("steps_in_progress")
+def steps_in_progress(conn: Any, count: int | None) -> str:
+    """Which of these steps are still in progress (``count``: None for an array, PostgreSQL)."""
+    keys = "= ANY(%s)" if count is None else f"IN ({_marks(count)})"
+    return f"SELECT id FROM {table(conn, WorkflowStep)} WHERE id {keys} AND status = {literal(StepStatus.IN_PROGRESS)}"
+
+
+@builds("next_attempt")
+def next_attempt(conn: Any) -> str:
+    """The number of a run's next attempt of a step, computed by the ``INSERT`` that adds it."""
+    return (
+        f"(SELECT COALESCE(MAX(attempt), 0) + 1 FROM {table(conn, WorkflowStep)} WHERE run_id = %s AND step_name = %s)"
+    )
+
+
+@builds("latest_attempts")
+def latest_attempts(conn: Any) -> str:
+    """The latest attempt number of some steps of some runs (PostgreSQL)."""
+    return (
+        f"SELECT run_id, step_name, MAX(attempt) FROM {table(conn, WorkflowStep)} "
+        "WHERE run_id = ANY(%s) AND step_name = ANY(%s) GROUP BY run_id, step_name"
+    )
+
+
+# -- fan-out jobs -------------------------------------------------------------------------------------------
+
+
+@builds("due_jobs")
+def due_jobs(conn: Any, queues: int | None, unknown: int) -> str:
+    """Due pending jobs by priority (the partial index ``pgbus_wf_job_due``), locked.
+
+    ``unknown``: how many function paths to leave out while they are younger than a cutoff.
+    """
+    where = [f"status = {literal(JobStatus.PENDING)}", "scheduled_at <= %s"]
+    if queues is not None:
+        where.append(f"queue IN ({_marks(queues)})")
+    if unknown:
+        where.append(f"NOT (function IN ({_marks(unknown)}) AND scheduled_at > %s)")
+    lock = " FOR UPDATE SKIP LOCKED" if conn.features.has_select_for_update_skip_locked else ""
+    return (
+        f"SELECT id, function, scheduled_at FROM {table(conn, FanOutJob)} "
+        f"WHERE {' AND '.join(where)} ORDER BY priority, scheduled_at, id LIMIT %s{lock}"
+    )
+
+
+@builds("start_jobs")
+def start_jobs(conn: Any) -> str:
+    """Move locked pending jobs to running, returning their rows (PostgreSQL)."""
+    return (
+        f"UPDATE {table(conn, FanOutJob)} j SET status = {literal(job_event('claim')[1])}, attempts = j.attempts + 1, "
+        f"started_at = %s, claimed_by = %s, stall_at = %s + COALESCE(s.timeout, %s) FROM {table(conn, WorkflowStep)} s "
+        f"WHERE j.id = ANY(%s) AND j.status = {literal(job_event('claim')[0])} AND s.id = j.step_id "
+        f"RETURNING {columns(conn, FanOutJob, 'j.')}"
+    )
+
+
+@builds("record_job_successes")
+def record_job_successes(conn: Any) -> str:
+    """Record succeeded attempts still running, with their results, returning their keys (PostgreSQL)."""
+    running, succeeded = (literal(status) for status in job_event("succeed"))
+    return (
+        f"UPDATE {table(conn, FanOutJob)} j SET status = {succeeded}, finished_at = %s, stall_at = NULL, "
+        "result = v.result FROM unnest(%b::bigint[], %b::integer[], %b::jsonb[]) AS v(id, attempts, result) "
+        f"WHERE j.id = v.id AND j.status = {running} AND j.attempts = v.attempts RETURNING j.id"
+    )
+
+
+# -- runs, sessions and transactions -------------------------------------------------------------------------
+
+
+@builds("delete_runs")
+def delete_runs(conn: Any) -> str:
+    """Delete runs by key that are still finished or cancelled (PostgreSQL: the database cascades)."""
+    return f"DELETE FROM {table(conn, WorkflowRun)} WHERE id = ANY(%s) AND status = ANY(%s)"
+
+
+@builds("notify")
+def notify(conn: Any) -> str:
+    """Wake the dispatchers of a queue (PostgreSQL: ``NOTIFY`` with the queue as payload)."""
+    return "SELECT pg_notify(%s, %s)"
+
+
+@builds("advisory_xact_lock")
+def advisory_xact_lock(conn: Any) -> str:
+    """Try to take a transaction-level advisory lock; true when taken (PostgreSQL)."""
+    return "SELECT pg_try_advisory_xact_lock(%s)"
+
+
+@builds("database_clock")
+def database_clock(conn: Any) -> str:
+    """The database server's clock now (not the transaction's start)."""
+    return "SELECT clock_timestamp()"
+
+
+@builds("bound_transaction")
+def bound_transaction(conn: Any) -> str:
+    """Bound the rest of this transaction's statements and idle time (PostgreSQL)."""
+    return (
+        "SELECT set_config('statement_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)"
+    )
+
+
+@builds("constraints_immediate")
+def constraints_immediate(conn: Any) -> str:
+    """Check the deferred constraints now (PostgreSQL)."""
+    return "SET CONSTRAINTS ALL IMMEDIATE"
+
+
+@builds("constraints_deferred")
+def constraints_deferred(conn: Any) -> str:
+    """Defer the deferrable constraints again (PostgreSQL)."""
+    return "SET CONSTRAINTS ALL DEFERRED"
+
+
+@builds("transaction_id")
+def transaction_id(conn: Any) -> str:
+    """This transaction's id and this session's backend pid (PostgreSQL)."""
+    return "SELECT pg_current_xact_id()::text, pg_backend_pid()"
+
+
+@builds("transaction_status")
+def transaction_status(conn: Any) -> str:
+    """Whether a transaction committed, aborted or is in progress (PostgreSQL)."""
+    return "SELECT pg_xact_status(%s::xid8)"
+
+
+@builds("terminate_backend")
+def terminate_backend(conn: Any) -> str:
+    """End another session (PostgreSQL)."""
+    return "SELECT pg_terminate_backend(%s)"
+
+
+def _marks(count: int) -> str:
+    return ", ".join(["%s"] * count)

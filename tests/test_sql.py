@@ -1,0 +1,116 @@
+"""The one module of hand-written SQL: every statement by name, run where Django sees it.
+
+A step's claim and outcome are mostly pipelined statements; they must still go through
+Django's cursor, so that execute wrappers, ``assertNumQueries`` and query logging see them.
+And no statement is written anywhere else in the app (an AST scan of its source).
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from pgbus_workflows import sql
+from pgbus_workflows.models import WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
+from pgbus_workflows.sql.statements import BUILDERS
+from tests.testapp.workflows import Counted, Squares
+
+pytestmark = pytest.mark.django_db
+
+PACKAGE = Path(sql.__file__).resolve().parent.parent
+#: Modules allowed SQL of their own, and why.
+OWN_SQL = {
+    "schema.py": "DDL that migrations run (indexes, constraints), composed with psycopg.sql identifiers",
+    "dispatcher.py": "LISTEN on a channel: an identifier, composed with psycopg.sql (no parameter can name it)",
+}
+
+
+def test_an_execute_wrapper_sees_every_statement_of_a_claim_and_an_outcome_pipelined_ones_too():
+    Counted.start()
+    seen = []
+
+    def recorder(execute, text, params, many, context):
+        seen.append(text)
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(recorder):
+        (claimed,) = claim_due_steps(10)
+        execute_step(claimed)
+
+    texts = "\n".join(seen)
+    # (earlier tests may have taught this process names it cannot run: the filter then varies)
+    assert any(text.startswith(sql.statement("due_steps", None, 0).split(" ORDER BY")[0]) for text in seen)
+    assert sql.statement("lock_pairs", WorkflowRun, WorkflowStep, "run_id") in seen  # a pipelined statement
+    assert "unnest(" in texts  # the batched writes (pipelined)
+    assert sql.statement("notify") in seen
+
+
+def test_query_counting_and_logging_see_the_pipelined_statements():
+    Squares.start(count=2)
+    (claimed,) = claim_due_steps(10)
+    execute_step(claimed)
+
+    with CaptureQueriesContext(connection) as queries:
+        jobs = claim_due_jobs(10)
+
+    assert len(jobs) == 2
+    logged = [q["sql"] for q in queries.captured_queries]  # as sent: the values in place of %s
+
+    def was_logged(name, *variant):
+        head = sql.statement(name, *variant).split("%s")[0]
+        return any(text.startswith(head) for text in logged)
+
+    assert was_logged("due_jobs", None, 0), logged
+    assert was_logged("start_jobs"), logged  # run in a pipeline, on a server-binding cursor
+    for job in jobs:
+        execute_job(job)
+    assert all(j.status == "succeeded" for j in type(jobs[0]).objects.all())
+
+
+def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
+    samples = {
+        "update": (WorkflowRun, ("status",)),
+        "insert": (WorkflowStep, ()),
+        "insert_many": (WorkflowStep, 2, True),
+        "unnest_insert": (WorkflowStep, True),
+        "unnest_update": (WorkflowStep, ("status",)),
+        "lock": (WorkflowRun, ("id",), True),
+        "lock_pair": (WorkflowRun, WorkflowStep, "run_id"),
+        "lock_pairs": (WorkflowRun, WorkflowStep, "run_id"),
+        "due_steps": (0, 2),
+        "steps_in_progress": (None,),
+        "due_jobs": (1, 1),
+    }
+    for name in BUILDERS:
+        text = sql.statement(name, *samples.get(name, ()))
+        assert isinstance(text, str) and text.strip(), name
+    assert all(key[:2] == (connection.alias, connection.vendor) for key in sql._cache)
+    assert "'scheduled'" in sql.statement("due_steps", 0, 0) and "'ready'" in sql.statement("due_steps", 0, 0)
+    assert "varchar(" not in sql.statement("unnest_update", WorkflowStep, ("step_name",))  # no length in casts
+
+
+def _executes_literal_sql(tree: ast.AST) -> list[int]:
+    """Lines of ``.execute(...)`` calls whose statement is written right there (a literal or f-string)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "execute":
+            if node.args and isinstance(node.args[0], ast.Constant | ast.JoinedStr):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_outside_sql_writes_a_statement_of_its_own():
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(("sql/", "migrations/")) or relative in OWN_SQL:
+            continue
+        lines = _executes_literal_sql(ast.parse(path.read_text()))
+        if lines:
+            offenders[relative] = lines
+    assert offenders == {}, f"hand-written SQL outside pgbus_workflows/sql: {offenders}"

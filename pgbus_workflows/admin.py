@@ -28,7 +28,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from . import clock
-from .admin_forms import OPERATIONS, Operation
+from .admin_operations import OPERATIONS, Operation
 from .admin_views import (
     bulk_operation,
     change_url,

@@ -1,33 +1,22 @@
-"""The operations of the operator console and their forms.
+"""The forms of the operator console's verbs: a reason for every verb, plus what some verbs need.
 
-``OPERATIONS`` lists every verb the admin offers, with its permission, labels and form (a
-reason for every verb, plus what some verbs need). ``allowed_verbs()`` says which ones a
-run's state allows, for showing buttons only: the verb itself decides, under the run's
-lock. ``perform()`` calls the same public verbs user code calls (``services.operator``,
-``services.signals``).
+The operations themselves (which verbs, their permissions, labels and forms, which a run's
+state allows, and calling them) are :mod:`.admin_operations`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from . import states
 from .exceptions import PayloadNotSerializable, PayloadTooLarge
 from .models import WorkflowRun, WorkflowStep
 from .registry import registry
-from .services import operator
 from .services.payload import encode_payload
-from .services.signals import deliver_signal
 from .states import ACTIVE_STEP
-
-if TYPE_CHECKING:
-    from django.utils.functional import _StrOrPromise
 
 
 class ReasonForm(forms.Form):
@@ -131,69 +120,3 @@ def _current_waits(run: WorkflowRun | None, klass: Any) -> list[str]:
     definition = klass.step_definition(active.step_name)
     names = [*(active.wait_for or []), *(definition.wait_for if definition is not None else ())]
     return list(dict.fromkeys(names))
-
-
-# -- the operations ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One operator verb as the admin offers it."""
-
-    verb: str  # the function in the services, and the last part of its URL
-    permission: str  # "pause" -> has_pause_permission() and pgbus_workflows.pause_workflowrun
-    label: _StrOrPromise  # the button
-    done: _StrOrPromise  # "paused" in "3 paused"
-    form_class: type[ReasonForm] = ReasonForm
-
-
-OPERATIONS: dict[str, Operation] = {
-    op.verb: op
-    for op in (
-        Operation("pause", "pause", _("Pause"), _("paused")),
-        Operation("resume", "pause", _("Resume"), _("resumed")),
-        Operation("resume_at", "skip", _("Resume at a step"), _("resumed"), ResumeAtForm),
-        Operation("run_now", "run_now", _("Run now"), _("made due now")),
-        Operation("skip", "skip", _("Skip the current step"), _("moved past the current step")),
-        Operation("signal", "signal", _("Deliver a signal"), _("signalled"), SignalForm),
-        Operation("cancel", "cancel", _("Cancel"), _("cancelled")),
-        Operation("rerun", "rerun", _("Rerun"), _("rerun")),
-    )
-}
-
-
-def allowed_verbs(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> frozenset[str]:
-    """The verbs the run's state allows (``states.allowed_verbs``), for showing buttons only."""
-    return states.allowed_verbs(run_facts(run, active, now))
-
-
-def run_facts(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> states.RunFacts:
-    """What ``states.allowed_verbs`` needs to know about ``run`` and its active attempt."""
-    klass = registry.get(run.workflow_class)
-    return states.RunFacts(
-        status=run.status,
-        active_status=active.status if active is not None else None,
-        active_due_later=active is not None and active.scheduled_at > now,
-        active_waits_for_signal=active is not None and bool(active.wait_for),
-        class_known=klass is not None,
-        current_step_known=klass is not None and klass.step_definition(run.current_step) is not None,
-        class_has_steps=klass is not None and bool(klass.step_definitions()),
-        takes_signals=klass is None or bool(klass.signal_names()),
-    )
-
-
-def perform(op: Operation, run_pk: int, data: dict[str, Any], actor: str) -> Any:
-    """Call the public verb behind ``op``; raises what the verb raises, having changed nothing."""
-    reason = data.get("reason") or None
-    if op.verb == "resume_at":
-        return operator.resume_at(run_pk, data["step"], actor=actor, reason=reason)
-    if op.verb == "signal":
-        return deliver_signal(
-            run_pk,
-            data["name"],
-            payload=data["payload"],
-            idempotency_key=data["idempotency_key"],
-            actor=actor,
-            reason=reason,
-        )
-    return getattr(operator, op.verb)(run_pk, actor=actor, reason=reason)

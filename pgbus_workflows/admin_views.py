@@ -32,7 +32,8 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from . import clock
-from .admin_forms import OPERATIONS, Operation, ReasonForm, allowed_verbs, perform
+from .admin_forms import ReasonForm
+from .admin_operations import OPERATIONS, Operation, allowed_verbs, perform
 from .conf import settings
 from .exceptions import WorkflowError
 from .models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep

@@ -50,7 +50,7 @@ from hypothesis.stateful import (
 )
 
 from pgbus_workflows import OnException, Workflow, step
-from pgbus_workflows.admin_forms import allowed_verbs
+from pgbus_workflows.admin_operations import allowed_verbs
 from pgbus_workflows.exceptions import (
     AlreadyRunning,
     IdempotencyConflict,

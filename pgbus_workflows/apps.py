@@ -23,6 +23,6 @@ class PgbusWorkflowsConfig(SimplePgbusWorkflowsConfig):
 
     def ready(self) -> None:
         super().ready()
-        from .registry import autodiscover
+        from .registry import autodiscover  # in ready(): the app registry is ready now
 
         autodiscover()

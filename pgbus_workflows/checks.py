@@ -12,7 +12,8 @@ from django.core.checks import Warning as CheckWarning
 from django.db import connections
 
 from . import clock
-from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration
+from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration, settings
+from .models import Dispatcher
 
 _POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
@@ -133,8 +134,6 @@ def check_sqlite_dispatchers(app_configs: Any = None, **kwargs: Any) -> list[Che
     connection = connections["default"]
     if connection.vendor != "sqlite" or _sqlite_file_missing("default"):
         return []
-    from .conf import settings
-    from .models import Dispatcher
 
     try:
         if Dispatcher._meta.db_table not in connection.introspection.table_names():

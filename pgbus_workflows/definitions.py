@@ -13,6 +13,7 @@ from datetime import timedelta
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from django.apps import apps
 from django.utils.module_loading import import_string
 
 from .exceptions import ConfigurationError
@@ -370,7 +371,6 @@ def job_path(function: Any) -> str:
 
 def resolve_job(path: str) -> FunctionType:
     """The job function at ``path``, only when it is a module-level function of an installed app."""
-    from django.apps import apps
 
     module = path.rpartition(".")[0]
     if not any(module == app.name or module.startswith(app.name + ".") for app in apps.get_app_configs()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .definitions import resolve_job
 from .exceptions import ConfigurationError
 from .registry import registry
 
@@ -39,8 +40,6 @@ def can_run_job(path: str) -> bool:
     """True when this process can import the fan-out job function at ``path`` (cached: code does not change)."""
     known = _importable.get(path)
     if known is None:
-        from .definitions import resolve_job
-
         try:
             resolve_job(path)
             known = True

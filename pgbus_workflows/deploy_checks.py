@@ -17,7 +17,9 @@ from django.db.models import Count
 
 from . import clock
 from .conf import settings
+from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
 from .registry import registry
+from .states import ACTIVE_STEP, ONGOING_RUN, RunStatus, StepStatus
 
 
 @register(Tags.compatibility)
@@ -55,14 +57,11 @@ def check_rows_against_code(app_configs: Any = None, databases: Any = None, **kw
 
 
 def _active_steps() -> Any:
-    from .models import WorkflowStep
-    from .states import ACTIVE_STEP, ONGOING_RUN
 
     return WorkflowStep.objects.filter(status__in=ACTIVE_STEP, run__status__in=ONGOING_RUN)
 
 
 def _unknown_runs() -> list[CheckMessage]:
-    from .models import WorkflowRun
 
     messages: list[CheckMessage] = []
     ongoing = WorkflowRun.objects.ongoing().values_list("workflow_class").annotate(n=Count("pk")).order_by()
@@ -109,8 +108,6 @@ def _gravestones() -> list[CheckMessage]:
 
 
 def _unknown_signals() -> list[CheckMessage]:
-    from .models import SignalStatus, WorkflowSignal
-    from .states import ONGOING_RUN
 
     pending = (
         WorkflowSignal.objects.filter(status=SignalStatus.PENDING, run__status__in=ONGOING_RUN)
@@ -134,8 +131,6 @@ def _unknown_signals() -> list[CheckMessage]:
 
 
 def _unserved_queues() -> list[CheckMessage]:
-    from .models import Dispatcher
-    from .states import RunStatus, StepStatus
 
     now = clock.now()
     alive = Dispatcher.objects.filter(heartbeat_at__gte=now - settings.DISPATCHER_DEAD_AFTER)

@@ -26,8 +26,10 @@ from functools import partial
 from types import FrameType
 from typing import Any
 
+import psycopg
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Min
+from psycopg import sql
 
 from . import clock
 from .conf import settings
@@ -285,8 +287,6 @@ class WorkflowDispatcher:
 
     def _listen(self) -> None:
         """Wake the main thread on every NOTIFY for a served queue; reconnect with backoff."""
-        import psycopg
-        from psycopg import sql
 
         backoff = 0.5
         channel = settings.NOTIFY_CHANNEL

@@ -7,6 +7,7 @@ happy path pays nothing): a missing table or column becomes :class:`NotMigrated`
 from __future__ import annotations
 
 from django.db import DatabaseError, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from .exceptions import NotMigrated
 
@@ -15,7 +16,6 @@ APP_LABEL = "pgbus_workflows"
 
 def unapplied_migrations(using: str = "default") -> list[str]:
     """This app's migrations the database has not applied, in the order ``migrate`` would apply them."""
-    from django.db.migrations.executor import MigrationExecutor
 
     executor = MigrationExecutor(connections[using])
     targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP_LABEL]

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from django.apps import apps
+from django.utils.module_loading import autodiscover_modules
+
+from .conf import settings
 from .exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -30,6 +34,9 @@ class WorkflowRegistry:
         #: Classes first defined after the app registry was ready (not by autodiscovery, nor by
         #: an app's ``ready()``): a dispatcher, which imports only those, may not know them.
         self._late: set[str] = set()
+        #: What a run whose class is gone loads as: ``workflow.py`` sets the bare ``Workflow``
+        #: here, so the services below it never import it.
+        self.fallback: type[Workflow] | None = None
 
     def register(self, cls: type[Workflow]) -> None:
         """Register ``cls`` under ``cls.name``; a second class with that name is an error.
@@ -45,7 +52,6 @@ class WorkflowRegistry:
                     f"Workflow name {cls.name!r} is taken by {existing.__module__}.{existing.__qualname__}; "
                     f"{cls.__module__}.{cls.__qualname__} needs another `name = ...`"
                 )
-        from django.apps import apps
 
         if apps.ready and existing is None:
             self._late.add(cls.name)
@@ -70,6 +76,13 @@ class WorkflowRegistry:
         """The class registered under ``name``, or None when it is gone."""
         return self._registry.get(name)
 
+    def class_for(self, name: str) -> type[Workflow]:
+        """The class registered under ``name``, or the bare ``Workflow`` (``fallback``) when it is gone."""
+        found = self._registry.get(name) or self.fallback
+        if found is None:
+            raise NotRegistered(f"No workflow class is registered as {name!r}")
+        return found
+
     def classes(self) -> list[type[Workflow]]:
         """Every registered class, by name."""
         return [self._registry[name] for name in sorted(self._registry)]
@@ -80,9 +93,6 @@ registry = WorkflowRegistry()
 
 def autodiscover() -> None:
     """Import the ``AUTODISCOVER_MODULE`` (default ``workflows``) of every installed app."""
-    from django.utils.module_loading import autodiscover_modules
-
-    from .conf import settings
 
     module = settings.AUTODISCOVER_MODULE
     if module:

@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Any
 
+import psycopg
 from django.db import connection
 
 from .sql import statement
@@ -50,7 +51,6 @@ class TransactionLock:
 
     def acquire(self) -> bool:
         """Take the lock, or return False when another session holds it."""
-        import psycopg
 
         conn = psycopg.connect(**connection_params())
         try:

@@ -6,37 +6,17 @@ the body by raising :class:`FlowControl`, which the executor turns into the step
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .context import FlowControl, StepContext
 from .definitions import coerce_duration
 from .exceptions import NotInStep
 
 if TYPE_CHECKING:
-    from .models import WorkflowRun, WorkflowSignal, WorkflowStep
+    from .models import WorkflowRun, WorkflowSignal
 
-
-class FlowControl(BaseException):
-    """Raised by the step verbs to end a body at once; a BaseException so ``except Exception`` misses it."""
-
-    def __init__(self, kind: str, *, wait: Any = None, reason: str | None = None, value: Any = None) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.wait = wait
-        self.reason = reason
-        self.value = value
-
-
-@dataclass
-class StepContext:
-    """What the executor tells the instance about the attempt it is running."""
-
-    step: WorkflowStep
-    received_signal: WorkflowSignal | None = None
-    timed_out: bool = False
-    #: The body runs inside the outcome's transaction (``atomic=True``), holding the run's lock.
-    atomic: bool = False
+__all__ = ["FlowControl", "StepBody", "StepContext"]
 
 
 class StepBody:
@@ -98,7 +78,7 @@ class StepBody:
         alive; its ``timeout=`` bounds its transaction and a heartbeat does not extend it
         (nothing is written: a write there would only commit with the outcome).
         """
-        from .services.claims import heartbeat
+        from .services.claims import heartbeat  # services sit below: importing them here would be a cycle
 
         context = self._step_context("heartbeat()")
         return True if context.atomic else heartbeat(context.step)

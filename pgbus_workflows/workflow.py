@@ -163,7 +163,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         Raises :class:`AlreadyRunning` when the subject has an ongoing run; with an
         ``idempotency_key`` already used, returns the first run with ``duplicate_start``.
         """
-        from .services.start import start_run
+        from .services.start import start_run  # deferred: this module loads before the app registry
 
         return start_run(cls, subject, idempotency_key=idempotency_key, arguments=arguments)
 
@@ -174,7 +174,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         ``Workflow.find`` finds any run (a run whose class is gone loads as a bare
         ``Workflow``); a subclass finds only its own runs.
         """
-        from .models import WorkflowRun
+        from .models import WorkflowRun  # deferred: this module loads before the app registry
 
         try:
             record = WorkflowRun.objects.filter(workflow_id=workflow_id).first()
@@ -188,9 +188,9 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
     @classmethod
     def removed_steps_in_flight(cls) -> dict[str, int]:
         """``{removed step name: ongoing runs still on it}``; a gravestone can go at zero."""
-        from django.db.models import Count
+        from django.db.models import Count  # deferred: this module loads before the app registry
 
-        from .models import WorkflowRun
+        from .models import WorkflowRun  # deferred: this module loads before the app registry
 
         names = cls.removed_step_names()
         if not names:
@@ -220,10 +220,14 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         With no ongoing run, ``missing="raise"`` raises :class:`NotOngoing` and
         ``missing="ignore"`` returns None. A subject-less run is signalled through its handle.
         """
-        from .exceptions import NotOngoing
-        from .models import WorkflowRun
-        from .services.payload import subject_reference
-        from .services.signals import check_signal_input, check_signal_name, deliver_signal
+        from .exceptions import NotOngoing  # deferred: this module loads before the app registry
+        from .models import WorkflowRun  # deferred: this module loads before the app registry
+        from .services.payload import subject_reference  # deferred: this module loads before the app registry
+        from .services.signals import (  # deferred: this module loads before the app registry
+            check_signal_input,
+            check_signal_name,
+            deliver_signal,
+        )
 
         if missing not in ("raise", "ignore"):
             raise ValueError(f"missing must be 'raise' or 'ignore', got {missing!r}")
@@ -293,7 +297,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
     def subject(self) -> Any:
         """The model instance the run is about (None when it had none or it was deleted)."""
         if self._subject_cache is None:
-            from .services.payload import load_subject
+            from .services.payload import load_subject  # deferred: this module loads before the app registry
 
             self._subject_cache = (load_subject(self.record.subject_type, self.record.subject_id),)
         return self._subject_cache[0]
@@ -307,7 +311,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
     def outputs(self) -> dict[str, Any]:
         """Step name -> the output of its latest successful attempt."""
         if self._outputs is None:
-            from .models import WorkflowStep
+            from .models import WorkflowStep  # deferred: this module loads before the app registry
 
             rows = WorkflowStep.objects.filter(run_id=self.record.pk, outcome="success").order_by("id")
             self._outputs = dict(rows.values_list("step_name", "output"))
@@ -319,7 +323,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         """Pause the run (in a step body: end the body and pause the run)."""
         if self._context is not None:
             raise FlowControl("pause", reason=reason)
-        from .services import operator
+        from .services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.pause(self.record.pk, actor=actor, reason=reason))
 
@@ -327,7 +331,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         """Cancel the run (in a step body: end the body and cancel the run)."""
         if self._context is not None:
             raise FlowControl("cancel", reason=reason)
-        from .services import operator
+        from .services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.cancel(self.record.pk, actor=actor, reason=reason))
 
@@ -335,31 +339,31 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         """Skip the current step (in a step body: end the body, skip this step)."""
         if self._context is not None:
             raise FlowControl("skip", reason=reason)
-        from .services import operator
+        from .services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.skip(self.record.pk, actor=actor, reason=reason))
 
     def resume(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
         """Resume a paused run where it stopped."""
-        from .services import operator
+        from .services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.resume(self.record.pk, actor=actor, reason=reason))
 
     def resume_at(self, step_name: str, *, actor: str | None = None, reason: str | None = None) -> Workflow:
         """Resume a paused run at ``step_name`` (run now)."""
-        from .services import operator
+        from .services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.resume_at(self.record.pk, step_name, actor=actor, reason=reason))
 
     def run_now(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
         """Make the run's scheduled step due now, whatever its ``wait``."""
-        from .services import operator
+        from .services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.run_now(self.record.pk, actor=actor, reason=reason))
 
     def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
         """Start a new run of a finished or cancelled run's class, subject and arguments."""
-        from .services import operator
+        from .services import operator  # deferred: this module loads before the app registry
 
         new_record = operator.rerun(self.record.pk, actor=actor, reason=reason)
         klass = registry.get(new_record.workflow_class) or Workflow
@@ -375,7 +379,7 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         reason: str | None = None,
     ) -> WorkflowSignal:
         """Deliver a signal to this run; returns the ``WorkflowSignal`` (``.duplicate_delivery``)."""
-        from .services.signals import deliver_signal
+        from .services.signals import deliver_signal  # deferred: this module loads before the app registry
 
         signal = deliver_signal(self.record.pk, name, payload, idempotency_key, actor=actor, reason=reason)
         self.reload()
@@ -388,7 +392,10 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
 
     def fan_out_results(self, step_name: str) -> Iterator[Any]:
         """The job results of this run's latest fan-out ``step_name``, in job order (an iterator)."""
-        from .services.fanout import results
+        from .services.fanout import results  # deferred: this module loads before the app registry
 
         self.require_step(step_name)
         return results(self.record, step_name)
+
+
+registry.fallback = Workflow

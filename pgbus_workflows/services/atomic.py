@@ -14,21 +14,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from .. import clock, sql
 from ..conf import settings
+from ..context import StepContext
 from ..models import WorkflowStep
 from ..states import StepStatus
-from ..step_body import StepContext
-from ..workflow import Workflow
 from .applying import apply_instead
 from .body import Chain, log_outcome, run_body
 from .claims import stall
 from .ledger import locked_step
 from .outcome import StepOutcome, apply_outcome, stall_step
 from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
+
+if TYPE_CHECKING:
+    from ..workflow import Workflow
 
 
 @dataclass

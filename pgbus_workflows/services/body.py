@@ -10,18 +10,20 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
+from ..context import FlowControl, StepContext
 from ..definitions import Job
 from ..exceptions import StepNotDefined
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
-from ..step_body import FlowControl, StepContext
-from ..workflow import Workflow
 from .outcome import StepOutcome
 from .payload import encode_payload
 from .transactions import CONNECTION_ERRORS
+
+if TYPE_CHECKING:
+    from ..workflow import Workflow
 
 logger = logging.getLogger("pgbus_workflows")
 

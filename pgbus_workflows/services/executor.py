@@ -9,13 +9,13 @@ lock. A dispatcher worker does the same in two halves: ``perform_step`` for each
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..context import StepContext
 from ..exceptions import StepNotDefined
 from ..models import WorkflowStep
+from ..registry import registry
 from ..states import StepStatus
-from ..step_body import StepContext
-from ..workflow import Workflow
 from . import waiting
 from .applying import apply_outcomes
 from .atomic import execute_atomic
@@ -24,6 +24,9 @@ from .claims import claim_due_steps, still_in_progress
 from .ledger import locked_step, workflow_class
 from .outcome import StepOutcome
 from .transactions import with_reconnect
+
+if TYPE_CHECKING:
+    from ..workflow import Workflow
 
 
 def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed_by: str = "") -> int:
@@ -108,7 +111,11 @@ def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
     if definition is None:
         undefined = StepNotDefined(
             f"Step {step.step_name!r} is not defined in {workflow.record.workflow_class}"
-            + ("" if cls is not Workflow else " (the class is not registered: was it deleted or renamed?)")
+            + (
+                ""
+                if registry.get(workflow.record.workflow_class)
+                else " (the class is not registered: was it deleted or renamed?)"
+            )
         )
         return StepOutcome.from_error(undefined, forced_action="pause", body_ran=False)
     if definition.removed:

@@ -43,9 +43,7 @@ MAX_ACTOR_LENGTH = 255
 
 def workflow_class(run: WorkflowRun) -> type[Workflow]:
     """The run's registered class, or the bare ``Workflow`` when that class is gone."""
-    from ..workflow import Workflow
-
-    return registry.get(run.workflow_class) or Workflow
+    return registry.class_for(run.workflow_class)
 
 
 class RunLedger:

@@ -17,6 +17,7 @@ from . import fanout, waiting
 from .ledger import RunLedger, locked_run
 from .outcome import StepOutcome, continue_after, return_signal
 from .payload import load_subject
+from .start import start_run
 
 DEFAULT_ACTOR = "api"
 
@@ -104,7 +105,6 @@ def cancel(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
 
 def rerun(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
     """Start a new run with a finished or cancelled run's class, subject and arguments."""
-    from .start import start_run
 
     with locked_run(pk) as ledger:
         old = ledger.run

@@ -1,0 +1,35 @@
+"""What passes between the executor and a running step body (below the services and the handle).
+
+The executor sets a :class:`StepContext` on the instance; the body's verbs end it by raising
+:class:`FlowControl`, which the executor turns into the attempt's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import WorkflowSignal, WorkflowStep
+
+
+class FlowControl(BaseException):
+    """Raised by the step verbs to end a body at once; a BaseException so ``except Exception`` misses it."""
+
+    def __init__(self, kind: str, *, wait: Any = None, reason: str | None = None, value: Any = None) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.wait = wait
+        self.reason = reason
+        self.value = value
+
+
+@dataclass
+class StepContext:
+    """What the executor tells the instance about the attempt it is running."""
+
+    step: WorkflowStep
+    received_signal: WorkflowSignal | None = None
+    timed_out: bool = False
+    #: The body runs inside the outcome's transaction (``atomic=True``), holding the run's lock.
+    atomic: bool = False

@@ -7,7 +7,7 @@ Import the public API from here::
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .definitions import Job, OnException, fan_out, removed_step, step
+from .definitions import OnException, fan_out, removed_step, step
 from .exceptions import (
     AlreadyRunning,
     ConfigurationError,
@@ -27,6 +27,7 @@ from .exceptions import (
     WaitTimedOut,
     WorkflowError,
 )
+from .jobs import Job
 from .workflow import Workflow
 
 try:

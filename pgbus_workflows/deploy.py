@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .definitions import resolve_job
 from .exceptions import ConfigurationError
+from .jobs import resolve_job
 from .registry import registry
 
 if TYPE_CHECKING:

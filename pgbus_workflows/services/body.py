@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection
 
 from ..context import FlowControl, StepContext
-from ..definitions import Job
 from ..exceptions import StepNotDefined
+from ..jobs import Job
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from .outcome import StepOutcome
 from .payload import encode_payload

@@ -22,9 +22,10 @@ from django.db.models import Count, F, Max, Q
 
 from .. import clock, rows, sql
 from ..conf import settings
-from ..definitions import resolve_job, resolve_wait
+from ..definitions import resolve_wait
 from ..deploy import can_run_job
 from ..exceptions import FanOutFailed
+from ..jobs import resolve_job
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus, job_event
 from . import waiting

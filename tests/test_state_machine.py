@@ -313,8 +313,14 @@ def check_invariants() -> None:
         run_signals = [s for s in signals if s.run_id == run.pk]
         received = [e for e in events if e.kind == "signal_received"]
         consumed_events = [e for e in events if e.kind == "signal_consumed"]
+        # A signal that woke an attempt whose body then never ran went back to pending.
+        returned_events = [e for e in events if e.kind == "signal_returned"]
         assert len(received) == len(run_signals), f"{run}: {len(received)} signal_received, {len(run_signals)} rows"
-        assert len(consumed_events) == len([s for s in run_signals if s.status == "consumed"])
+        consumed_now = len([s for s in run_signals if s.status == "consumed"])
+        assert len(consumed_events) - len(returned_events) == consumed_now, f"{run}: {consumed_events} {returned_events}"
+        for event in returned_events:
+            attempt = steps_by_pk[event.step_id]
+            assert attempt.signal_id is None and attempt.status not in ("completed", "in_progress"), attempt
 
     # Signals: consumed once, by one step of their run that waits for that name, oldest first.
     consumers = Counter(s.consumed_by_id for s in signals if s.consumed_by_id is not None)

@@ -68,7 +68,10 @@ class TransactionLock:
         """Roll the transaction back (releasing the lock) and close the connection."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            try:
+                conn.rollback()  # the lock is free when this returns (a close frees it a moment later)
+            finally:
+                conn.close()
 
 
 def probe_listen(conn: Any, channel: str) -> bool:

@@ -558,3 +558,34 @@ def test_the_admin_signal_form_offers_the_names_the_step_waits_for_and_refuses_o
     html = admin_client.get(run_page(quiet)).content.decode()
     assert f'href="{operation_url(quiet, "signal")}"' not in html
     assert f'href="{operation_url(quiet, "pause")}"' in html
+
+
+class RetryingWait(Workflow):
+    name = "deploy_retrying_wait"
+
+    @step(wait_for="go")
+    def gate(self):
+        SideEffect.objects.create(label=f"gate:{self.attempt}")
+        if self.attempt == 1:
+            self.reattempt(wait=3600)
+
+    @step
+    def last(self):
+        pass
+
+
+def test_a_signal_whose_body_ran_stays_consumed_when_its_retry_is_skipped():
+    wf = RetryingWait.start()
+    drain()
+    signal = wf.signal("go")
+    drain()  # attempt 1 runs with the signal and reattempts; attempt 2 keeps the signal, due in an hour
+    retry = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
+    assert (retry.attempt, retry.signal_id) == (2, signal.pk)
+
+    wf.skip(actor="ops", reason="enough")
+
+    signal.refresh_from_db()
+    assert signal.status == "consumed" and signal.consumed_by.attempt == 1  # its body used it
+    assert not WorkflowEvent.objects.filter(run_id=wf.record.pk, kind="signal_returned").exists()
+    drain()
+    assert wf.reload().status == "finished"

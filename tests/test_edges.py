@@ -105,3 +105,15 @@ def test_a_step_name_or_signal_name_longer_than_the_columns_is_refused_when_the_
             @step(wait_for=long)
             def wait(self):
                 pass
+
+
+def test_the_sweep_lock_is_free_as_soon_as_it_is_released():
+    from pgbus_workflows.session import TransactionLock
+
+    first, second = TransactionLock(0x7067627574), TransactionLock(0x7067627574)
+    for _ in range(50):
+        assert first.acquire()
+        assert not second.acquire()  # held
+        first.release()
+        assert second.acquire(), "the lock was still held right after its release"
+        second.release()

@@ -156,12 +156,20 @@ def _open_fan_out(
 
 
 def return_signal(ledger: RunLedger, step: WorkflowStep, why: str) -> None:
-    """Put the signal that woke ``step`` back to pending: its body never ran, so nothing used it."""
+    """Put the signal that woke ``step`` back to pending: its body never ran, so nothing used it.
+
+    Only a signal this very attempt consumed: a retry that inherited the signal of an attempt
+    whose body ran (a ``wait_for`` step's reattempt) keeps it consumed.
+    """
     signal_pk = step.signal_id
     if signal_pk is None:
         return
     source, target = SIGNAL_EVENTS["return"]
-    WorkflowSignal.objects.filter(pk=signal_pk, status=source).update(status=target, consumed_by=None, consumed_at=None)
+    returned = WorkflowSignal.objects.filter(pk=signal_pk, status=source, consumed_by_id=step.pk).update(
+        status=target, consumed_by=None, consumed_at=None
+    )
+    if not returned:
+        return
     step.signal = None
     rows.update(step, ["signal"])
     ledger.event("signal_returned", step=step, details={"signal_id": signal_pk, "why": why})

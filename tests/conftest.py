@@ -1,4 +1,4 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the random order's seed repeated at the end of the run."""
 
 import pytest
 
@@ -25,3 +25,10 @@ def dispatchers():
     yield start
     for process in started:
         process.stop()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Repeat pytest-randomly's seed after the results (its header line is hidden by ``-q``)."""
+    if config.pluginmanager.hasplugin("randomly"):
+        seed = config.getoption("randomly_seed")
+        terminalreporter.write_line(f"random order: replay with -p randomly --randomly-seed={seed}")

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import Permission
-from django.contrib.messages import get_messages
 from django.contrib.messages.constants import SUCCESS, WARNING
 from django.contrib.staticfiles import finders
 from django.db import connection
@@ -28,6 +27,7 @@ from django.utils import timezone
 from pgbus_workflows import Workflow, step
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.support import VIEW, messages_of, new_events, operation_url, run_page, snapshot, staff_user
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db
@@ -143,38 +143,9 @@ def waiting_run() -> Workflow:
     return wf
 
 
-def snapshot(wf: Workflow) -> tuple[Any, ...]:
-    """Everything a refused action must leave alone."""
-    pk = wf.record.pk
-    return (
-        WorkflowRun.objects.filter(pk=pk).values().get(),
-        list(WorkflowStep.objects.filter(run_id=pk).order_by("pk").values()),
-        list(WorkflowEvent.objects.filter(run_id=pk).order_by("pk").values_list("pk", flat=True)),
-        list(WorkflowSignal.objects.filter(run_id=pk).values_list("pk", flat=True)),
-        WorkflowRun.objects.count(),
-    )
-
-
-def new_events(wf: Workflow, before: tuple[Any, ...]) -> list[WorkflowEvent]:
-    return list(WorkflowEvent.objects.filter(run_id=wf.record.pk).exclude(pk__in=before[2]).order_by("pk"))
-
-
-def messages_of(response: Any) -> list[tuple[int, str]]:
-    return [(m.level, str(m.message)) for m in get_messages(response.wsgi_request)]
-
-
 # -- users ---------------------------------------------------------------------------------------
 
-VIEW = ("view_workflowrun", "view_workflowstep", "view_workflowevent", "view_workflowsignal", "view_dispatcher")
 OPERATE = ("pause", "cancel", "rerun", "run_now", "skip", "signal")
-
-
-def staff_user(django_user_model: Any, username: str, *codenames: str) -> Any:
-    user = django_user_model.objects.create_user(username=username, password="pw", is_staff=True)
-    perms = list(Permission.objects.filter(content_type__app_label="pgbus_workflows", codename__in=codenames))
-    assert len(perms) == len(set(codenames))
-    user.user_permissions.add(*perms)
-    return user
 
 
 @pytest.fixture
@@ -203,14 +174,6 @@ def client_without(client: Any, django_user_model: Any, permission: str) -> Any:
 
 def changelist() -> str:
     return reverse("admin:pgbus_workflows_workflowrun_changelist")
-
-
-def run_page(wf: Workflow) -> str:
-    return reverse("admin:pgbus_workflows_workflowrun_change", args=[wf.record.pk])
-
-
-def operation_url(wf: Workflow, verb: str) -> str:
-    return reverse(f"admin:pgbus_workflows_workflowrun_{verb}", args=[wf.record.pk])
 
 
 def dashboard() -> str:

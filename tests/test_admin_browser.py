@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 
 from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.models import Dispatcher, WorkflowEvent
 from pgbus_workflows.registry import registry
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.support import PASSWORD, VIEW, staff_user
 from tests.testapp.models import Order
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -48,7 +48,6 @@ CHROMIUM_ARGS = [
 ]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 UPDATE_SCREENSHOTS = os.environ.get("UPDATE_SCREENSHOTS") == "1"
-PASSWORD = "correct horse battery staple"
 
 helpers = WorkflowTestMixin()
 
@@ -100,17 +99,6 @@ class AdminRefundApproval(Workflow):
         pass
 
 
-def operator(django_user_model: Any, username: str, *codenames: str) -> Any:
-    user = django_user_model.objects.create_user(username=username, password=PASSWORD, is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="pgbus_workflows", codename__in=codenames)
-    )
-    return user
-
-
-VIEW = ("view_workflowrun", "view_workflowstep", "view_workflowevent", "view_workflowsignal", "view_dispatcher")
-
-
 def some_runs() -> Workflow:
     """A plausible mix of runs; returns the one paused by a failed attempt."""
     for items in (["mug"], ["tea", "pot"], ["kettle"]):
@@ -158,7 +146,7 @@ def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_us
     demo = (AdminOrderFulfilment, AdminInvoiceReminders, AdminRefundApproval)
     monkeypatch.setattr(registry, "_registry", {cls.name: cls for cls in demo})
     failing = some_runs()
-    operator(django_user_model, "alice", *VIEW, "pause_workflowrun", "cancel_workflowrun", "skip_workflowrun")
+    staff_user(django_user_model, "alice", *VIEW, "pause_workflowrun", "cancel_workflowrun", "skip_workflowrun")
 
     with browser_page(live_server) as page:
         log_in(page, live_server, "alice")
@@ -197,7 +185,7 @@ def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_us
 
 def test_user_without_pause_permission_sees_no_resume_button(live_server, django_user_model):
     failing = some_runs()
-    operator(django_user_model, "victor", *VIEW, "cancel_workflowrun")
+    staff_user(django_user_model, "victor", *VIEW, "cancel_workflowrun")
 
     with browser_page(live_server) as page:
         log_in(page, live_server, "victor")
@@ -213,7 +201,7 @@ def test_user_without_pause_permission_sees_no_resume_button(live_server, django
 
 def test_a_user_who_may_only_view_runs_sees_no_attempts_events_signals_or_dispatchers(live_server, django_user_model):
     failing = some_runs()
-    operator(django_user_model, "wendy", "view_workflowrun", "pause_workflowrun")
+    staff_user(django_user_model, "wendy", "view_workflowrun", "pause_workflowrun")
 
     with browser_page(live_server) as page:
         log_in(page, live_server, "wendy")
@@ -234,7 +222,7 @@ def test_an_operator_delivers_a_signal_choosing_from_the_names_the_step_waits_fo
     waiting = AdminRefundApproval.start(order)
     helpers.perform_next_step(waiting)
     assert waiting.reload().status == "waiting"
-    operator(django_user_model, "sam", *VIEW, "signal_workflowrun")
+    staff_user(django_user_model, "sam", *VIEW, "signal_workflowrun")
 
     with browser_page(live_server) as page:
         log_in(page, live_server, "sam")

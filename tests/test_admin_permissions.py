@@ -15,7 +15,8 @@ from django.test import override_settings
 from django.urls import reverse
 
 from pgbus_workflows.models import WorkflowRun
-from tests.test_admin import VIEW, failed_run, messages_of, operation_url, ready_run, snapshot, staff_user
+from tests.support import VIEW, messages_of, operation_url, run_page, snapshot, staff_user
+from tests.test_admin import failed_run, ready_run
 from tests.testapp.permissions import GRANTS
 
 pytestmark = pytest.mark.django_db
@@ -29,8 +30,9 @@ def login(client: Any, django_user_model: Any, *codenames: str, name: str = "bob
     return client
 
 
-def run_page(client: Any, wf: Any) -> str:
-    response = client.get(reverse("admin:pgbus_workflows_workflowrun_change", args=[wf.record.pk]))
+def run_page_html(client: Any, wf: Any) -> str:
+    """Fetch the run's admin page as ``client`` (it must answer 200); returns its HTML."""
+    response = client.get(run_page(wf))
     assert response.status_code == 200
     return response.content.decode()
 
@@ -48,11 +50,11 @@ def test_the_pause_permission_without_the_view_permission_opens_no_form_and_paus
 def test_a_run_page_shows_attempts_events_and_signals_only_with_their_own_view_permissions(client, django_user_model):
     wf = failed_run()
     wf.signal("unused", {"secret": "payload-xyz"})
-    html = run_page(login(client, django_user_model, *ONLY_RUNS), wf)
+    html = run_page_html(login(client, django_user_model, *ONLY_RUNS), wf)
     for section in ('id="timeline"', 'id="events"', 'id="signals"', "Traceback", "payload-xyz"):
         assert section not in html, section
 
-    html = run_page(login(client, django_user_model, *VIEW, name="carol"), wf)
+    html = run_page_html(login(client, django_user_model, *VIEW, name="carol"), wf)
     for section in ('id="timeline"', 'id="events"', 'id="signals"', "Traceback", "payload-xyz"):
         assert section in html, section
 
@@ -75,8 +77,8 @@ def test_an_object_level_backend_is_asked_with_the_run(client, django_user_model
     GRANTS.add(("bob", "pgbus_workflows.pause_workflowrun", granted.record.pk))
     try:
         login(client, django_user_model, *VIEW)
-        assert "pgbus-op-pause" in run_page(client, granted)
-        assert "pgbus-op-pause" not in run_page(client, other)
+        assert "pgbus-op-pause" in run_page_html(client, granted)
+        assert "pgbus-op-pause" not in run_page_html(client, other)
         assert client.post(operation_url(other, "pause"), {"reason": "x"}).status_code == 403
         response = client.post(operation_url(granted, "pause"), {"reason": "only this one"})
         assert response.status_code == 302
@@ -106,8 +108,8 @@ def test_one_override_of_has_pause_permission_governs_buttons_forms_and_bulk_act
     pause_refused_for.add(blocked.record.pk)
     login(client, django_user_model, *VIEW, "pause_workflowrun")
 
-    assert "pgbus-op-pause" in run_page(client, allowed)
-    assert "pgbus-op-pause" not in run_page(client, blocked)
+    assert "pgbus-op-pause" in run_page_html(client, allowed)
+    assert "pgbus-op-pause" not in run_page_html(client, blocked)
     assert client.get(operation_url(blocked, "pause")).status_code == 403
 
     data = {

@@ -12,6 +12,7 @@ from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.models import WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
+from tests.support import run_next, scheduled
 from tests.testapp.models import Order, Receipt, SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,19 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class AtomicError(Exception):
     """Raised by the bodies of this file on purpose."""
-
-
-def scheduled(wf):
-    return WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
-
-
-def run_next(wf):
-    """Claim the run's scheduled attempt, execute it, return the attempt row."""
-    claimed = claim_step(scheduled(wf).pk, "test")
-    assert claimed is not None
-    execute_step(claimed)
-    wf.reload()
-    return WorkflowStep.objects.get(pk=claimed.pk)
 
 
 def xmin(model, pk):

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 from django.apps import apps
-from django.contrib.messages import get_messages
 from django.contrib.messages.constants import WARNING
 from django.urls import reverse
 
@@ -37,6 +36,7 @@ from pgbus_workflows.services import operator
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.support import messages_of, operation_url, run_next
 from tests.testapp.jobs import square
 from tests.testapp.models import Order
 
@@ -165,21 +165,6 @@ def changes_nothing() -> Iterator[None]:
     before = everything()
     yield
     assert everything() == before, "a refused call wrote rows"
-
-
-@pytest.fixture
-def order() -> Order:
-    return Order.objects.create()
-
-
-def run_next(wf: Workflow) -> WorkflowStep:
-    """Claim the run's scheduled step (due or not) and run it; returns the attempt's row."""
-    scheduled = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
-    claimed = claim_step(scheduled.pk)
-    assert claimed is not None
-    execute_step(claimed)
-    wf.reload()
-    return WorkflowStep.objects.get(pk=scheduled.pk)
 
 
 def finished_run(order: Order) -> Workflow:
@@ -602,14 +587,6 @@ def test_executing_a_step_that_was_never_claimed_runs_nothing(order):
 
 
 # -- the admin's forms -----------------------------------------------------------------------------------------------
-
-
-def operation_url(wf: Workflow, verb: str) -> str:
-    return reverse(f"admin:pgbus_workflows_workflowrun_{verb}", args=[wf.record.pk])
-
-
-def messages_of(response: Any) -> list[tuple[int, str]]:
-    return [(m.level, str(m.message)) for m in get_messages(response.wsgi_request)]
 
 
 def waiting_run(order: Order) -> Workflow:

@@ -11,7 +11,6 @@ from datetime import timedelta
 import pytest
 from django.core.checks import Tags, run_checks
 from django.test import override_settings
-from django.urls import reverse
 from django.utils import timezone
 
 from pgbus_workflows import (
@@ -30,15 +29,12 @@ from pgbus_workflows.services.deploys import pause_unknown_steps, skip_parked_gr
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.waiting import expire_due_waits
 from pgbus_workflows.sweep import delete_expired_runs
+from tests.support import labels, operation_url, run_page
 from tests.testapp.deploy_workflows import Evolving, Retiring
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import Approval, Counted
 
 pytestmark = pytest.mark.django_db
-
-
-def labels():
-    return [e.label for e in SideEffect.objects.order_by("pk")]
 
 
 def drain():
@@ -530,14 +526,6 @@ def test_the_database_check_reports_what_the_code_cannot_run_with_counts_and_wha
 
 
 # -- the admin's signal form ---------------------------------------------------------------------------------
-
-
-def run_page(wf):
-    return reverse("admin:pgbus_workflows_workflowrun_change", args=[wf.record.pk])
-
-
-def operation_url(wf, verb):
-    return reverse(f"admin:pgbus_workflows_workflowrun_{verb}", args=[wf.record.pk])
 
 
 def test_the_admin_signal_form_offers_the_names_the_step_waits_for_and_refuses_others(admin_client, order):

@@ -13,6 +13,7 @@ from pgbus_workflows import NotInStep, OnException, Workflow, removed_step, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step, run_due_steps
+from tests.support import labels, record, run_next, scheduled, steps_of
 from tests.testapp.models import Order, SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -24,32 +25,6 @@ class ExecBoomError(Exception):
 
 class ExecGuardError(Exception):
     """Raised by cancel_if / skip_if on purpose."""
-
-
-def record(label, key=""):
-    SideEffect.objects.create(label=label, key=key)
-
-
-def labels():
-    return list(SideEffect.objects.order_by("pk").values_list("label", flat=True))
-
-
-def scheduled(wf):
-    """The run's scheduled attempt (there is at most one active attempt)."""
-    return WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
-
-
-def run_next(wf, claimed_by="test"):
-    """Claim the run's scheduled attempt (due or not) and execute it; returns the attempt row."""
-    claimed = claim_step(scheduled(wf).pk, claimed_by)
-    assert claimed is not None
-    execute_step(claimed)
-    wf.reload()
-    return WorkflowStep.objects.get(pk=claimed.pk)
-
-
-def attempts(wf):
-    return list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk"))
 
 
 # -- workflows -------------------------------------------------------------------------------
@@ -386,7 +361,7 @@ def test_three_steps_run_to_the_end_and_store_each_output(order):
     wf.reload()
     assert wf.status == "finished"
     assert wf.record.finished_at is not None
-    rows = attempts(wf)
+    rows = steps_of(wf)
     assert [(s.step_name, s.attempt, s.status, s.outcome) for s in rows] == [
         ("one", 1, "completed", "success"),
         ("two", 1, "completed", "success"),

@@ -19,7 +19,7 @@ from django.utils import timezone
 from pgbus_workflows import ConfigurationError, Job, OnException, Workflow, fan_out, step
 from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.exceptions import FanOutFailed, StepWaiting, TestHelperError
-from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowStep
+from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowStep
 from pgbus_workflows.services import fanout
 from pgbus_workflows.services.claims import claim_step
 from pgbus_workflows.services.executor import execute_step
@@ -35,6 +35,7 @@ from pgbus_workflows.services.fanout import (
 )
 from pgbus_workflows.sweep import Sweeper
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.support import events_of, kinds, run_next
 from tests.testapp import jobs as job_module
 from tests.testapp.jobs import drop_connection_once, fail_on, flaky, meet, noop, oversized, record_job, square
 from tests.testapp.models import SideEffect
@@ -396,16 +397,6 @@ class FanDropsConnection(Workflow):
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def run_next(wf, claimed_by="test"):
-    """Claim the run's scheduled attempt (due or not) and execute it; returns the attempt row."""
-    scheduled = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
-    claimed = claim_step(scheduled.pk, claimed_by)
-    assert claimed is not None
-    execute_step(claimed)
-    wf.reload()
-    return WorkflowStep.objects.get(pk=claimed.pk)
-
-
 def run_jobs(claimed_by="test"):
     """Claim and run due jobs until none is due; returns how many ran."""
     ran = 0
@@ -420,17 +411,6 @@ def run_jobs(claimed_by="test"):
 
 def jobs_of(step):
     return list(FanOutJob.objects.filter(step_id=step.pk).order_by("index"))
-
-
-def events(wf, kind=None):
-    rows = WorkflowEvent.objects.filter(run_id=wf.record.pk).order_by("pk")
-    if kind is not None:
-        rows = rows.filter(kind=kind)
-    return list(rows)
-
-
-def kinds(wf):
-    return [e.kind for e in events(wf)]
 
 
 def make_due(step):
@@ -457,7 +437,7 @@ def test_the_body_jobs_are_stored_and_park_the_step_and_the_run():
         ("pending", 0, 2, step.queue, step.priority)
     }
     assert {j.run_id for j in rows} == {wf.record.pk}
-    started = events(wf, "fan_out_started")
+    started = events_of(wf, "fan_out_started")
     assert len(started) == 1
     assert started[0].details == {"jobs": 4}
     assert (started[0].transition, started[0].from_status, started[0].to_status) == ("park", "performing", "waiting")
@@ -582,7 +562,7 @@ def test_zero_jobs_resolve_at_once(what):
     assert step.fan_out_total == 0
     assert (wf.status, wf.current_step) == ("ready", "after")
     assert "fan_out_started" not in kinds(wf)
-    completed = events(wf, "step_completed")
+    completed = events_of(wf, "step_completed")
     assert len(completed) == 1 and completed[0].details["fan_out"] == {"total": 0, "succeeded": 0, "failed": 0}
     assert progress(step) == {"total": 0, "succeeded": 0, "failed": 0, "cancelled": 0, "pending": 0}
 
@@ -659,8 +639,8 @@ def test_when_every_job_succeeds_the_step_completes_with_the_counts_and_the_next
         ("succeeded", 1, n * n, "test") for n in range(4)
     ]
     assert all(j.started_at and j.finished_at and j.stall_at is None for j in jobs_of(step))
-    assert len(events(wf, "step_resolved")) == 1
-    assert len(events(wf, "step_completed")) == 1
+    assert len(events_of(wf, "step_resolved")) == 1
+    assert len(events_of(wf, "step_completed")) == 1
 
     total = run_next(wf)
     assert total.output == {"sum": 0 + 1 + 4 + 9, "results": [0, 1, 4, 9]}
@@ -710,7 +690,7 @@ def test_a_job_is_retried_after_its_timedelta_backoff_and_fails_with_its_traceba
     assert step.error_class == "pgbus_workflows.exceptions.FanOutFailed"
     assert step.error_message == "1 of 2 jobs of work failed"
     assert wf.reload().status == "paused"
-    assert events(wf, "step_failed")[0].details["fan_out"] == {"total": 2, "succeeded": 1, "failed": 1}
+    assert events_of(wf, "step_failed")[0].details["fan_out"] == {"total": 2, "succeeded": 1, "failed": 1}
 
 
 def test_a_callable_backoff_is_asked_with_the_attempt_number():
@@ -796,7 +776,7 @@ def test_fan_out_failed_with_reattempt_opens_new_jobs_and_pauses_when_reattempts
     second.refresh_from_db()
     assert (second.status, second.outcome) == ("failed", "failed")
     assert wf.reload().status == "paused"
-    assert events(wf, "step_failed")[-1].details["reattempts_exhausted"] == 1
+    assert events_of(wf, "step_failed")[-1].details["reattempts_exhausted"] == 1
     # flaky(key, 2) fails twice then succeeds: a resume runs a third fan-out that succeeds.
     wf.resume()
     third = run_next(wf)
@@ -871,7 +851,7 @@ def test_resolve_if_done_is_a_no_op_while_a_job_is_unfinished_and_once_resolved(
     assert resolve_if_done(step.pk, wf.record.pk) is False
     execute_job(b)  # resolves
     assert resolve_if_done(step.pk, wf.record.pk) is False
-    assert len(events(wf, "step_resolved")) == 1
+    assert len(events_of(wf, "step_resolved")) == 1
 
 
 # -- 3. the sweep ------------------------------------------------------------------------------------
@@ -895,7 +875,7 @@ def test_the_sweep_resolves_a_fan_out_whose_completion_was_lost():
     step.refresh_from_db()
     assert (step.status, step.output) == ("completed", {"total": 3, "succeeded": 3, "failed": 0})
     assert (wf.reload().status, wf.current_step) == ("ready", "total")
-    assert len(events(wf, "step_resolved")) == 1
+    assert len(events_of(wf, "step_resolved")) == 1
     assert resolve_lost_fan_outs(timezone.now()) == 0, "resolved once"
 
 
@@ -1007,7 +987,7 @@ def test_pausing_holds_the_run_while_jobs_go_on_and_resume_resolves():
 
     step.refresh_from_db()
     assert step.status == "waiting" and wf.reload().status == "paused"
-    assert not events(wf, "step_resolved")
+    assert not events_of(wf, "step_resolved")
     assert progress(step)["succeeded"] == 2
     assert resolve_lost_fan_outs(timezone.now() + timedelta(days=1)) == 0, "the sweep does not resume it"
 
@@ -1042,7 +1022,7 @@ def test_a_fan_out_opened_while_the_run_was_paused_is_held():
     execute_step(claimed)
 
     assert wf.reload().status == "paused"
-    started = events(wf, "fan_out_started")[0]
+    started = events_of(wf, "fan_out_started")[0]
     assert (started.transition, started.to_status) == ("hold", "paused")
     run_jobs()
     assert wf.reload().status == "paused"
@@ -1067,7 +1047,7 @@ def test_cancelling_the_run_cancels_pending_jobs_and_a_running_job_finishes_unus
 
     assert wf.reload().status == "cancelled"
     assert WorkflowStep.objects.filter(run=wf.record).count() == 1
-    assert not events(wf, "step_resolved")
+    assert not events_of(wf, "step_resolved")
     assert progress(step) == {"total": 3, "succeeded": 1, "failed": 0, "cancelled": 2, "pending": 0}
 
 
@@ -1107,13 +1087,13 @@ def test_skip_on_a_waiting_fan_out_resolves_it_as_skipped_and_cancels_pending_jo
     assert (step.status, step.outcome) == ("skipped", "skipped")
     assert (wf.reload().status, wf.current_step) == ("ready", "total")
     assert sorted(j.status for j in jobs_of(step)) == ["cancelled", "cancelled", "running"]
-    skipped = events(wf, "step_skipped")
+    skipped = events_of(wf, "step_skipped")
     assert len(skipped) == 1 and skipped[0].actor == "alice"
 
     execute_job(running)  # ends later: nothing more moves
     assert WorkflowStep.objects.filter(run=wf.record).count() == 2
     assert wf.reload().status == "ready"
-    assert len(events(wf, "step_resolved")) == 1
+    assert len(events_of(wf, "step_resolved")) == 1
 
 
 def test_skip_on_a_paused_run_waiting_on_a_fan_out_cancels_its_jobs_and_moves_on():
@@ -1264,8 +1244,8 @@ def test_two_workers_finishing_the_last_two_jobs_at_once_resolve_the_step_exactl
         assert statuses == ["succeeded", "succeeded"], f"round {round_}"
         step.refresh_from_db()
         assert (step.status, step.output) == ("completed", {"total": 2, "succeeded": 2, "failed": 0})
-        assert len(events(wf, "step_resolved")) == 1, f"round {round_}: resolved twice"
-        assert len(events(wf, "step_completed")) == 1, f"round {round_}"
+        assert len(events_of(wf, "step_resolved")) == 1, f"round {round_}: resolved twice"
+        assert len(events_of(wf, "step_completed")) == 1, f"round {round_}"
         assert WorkflowStep.objects.filter(run=wf.record, step_name="after").count() == 1, f"round {round_}"
         assert (wf.reload().status, wf.current_step) == ("ready", "after")
         assert [j.status for j in jobs_of(step)] == ["succeeded", "succeeded"]
@@ -1291,7 +1271,7 @@ def test_pause_racing_the_last_job_loses_nothing_and_resume_resolves_exactly_onc
 
         step.refresh_from_db()
         assert (step.status, step.output) == ("completed", {"total": 1, "succeeded": 1, "failed": 0}), round_
-        assert len(events(wf, "step_resolved")) == 1, f"round {round_}"
+        assert len(events_of(wf, "step_resolved")) == 1, f"round {round_}"
         assert WorkflowStep.objects.filter(run=wf.record, step_name="total").count() == 1, f"round {round_}"
         assert (wf.reload().status, wf.current_step) == ("ready", "total")
 

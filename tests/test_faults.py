@@ -50,10 +50,6 @@ def ran(label):
     return SideEffect.objects.filter(label=label).count()
 
 
-def kinds(wf):
-    return list(WorkflowEvent.objects.filter(run=wf.record).order_by("pk").values_list("kind", flat=True))
-
-
 @contextmanager
 def run_locked_elsewhere(run_pk):
     """Another connection holds the run's row lock (as an atomic body or an operator would) for the block."""

@@ -14,6 +14,7 @@ from pgbus_workflows import InvalidTransition, NotPaused, StepNotDefined, Workfl
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
+from tests.support import record, snapshot, steps_of
 from tests.testapp.models import Order, SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -23,10 +24,6 @@ QUEUE = "op_queue"
 
 class Boom(Exception):
     """Raised on purpose by a step body."""
-
-
-def record(label: str) -> None:
-    SideEffect.objects.create(label=label)
 
 
 class OpThree(Workflow):
@@ -104,8 +101,8 @@ def claim_one() -> WorkflowStep:
     return claimed[0]
 
 
-def run_next() -> None:
-    """Claim the due step and run it through the executor."""
+def run_due_step() -> None:
+    """Claim whichever step is due on the queue (not a given run's) and run it through the executor."""
     execute_step(claim_one())
 
 
@@ -116,28 +113,12 @@ def run_unknown_inline(handle) -> None:
     execute_step(claim_step(scheduled.pk))
 
 
-def snapshot(wf):
-    """Everything a refused verb must leave alone: the run row, its steps, its events, all runs."""
-    pk = wf.record.pk
-    return (
-        WorkflowRun.objects.filter(pk=pk).values().get(),
-        list(WorkflowStep.objects.filter(run_id=pk).order_by("pk").values()),
-        list(WorkflowEvent.objects.filter(run_id=pk).order_by("pk").values_list("pk", flat=True)),
-        WorkflowRun.objects.count(),
-        WorkflowStep.objects.count(),
-    )
-
-
 def event_count(wf) -> int:
     return WorkflowEvent.objects.filter(run_id=wf.record.pk).count()
 
 
 def events_after(wf, count: int) -> list[WorkflowEvent]:
     return list(WorkflowEvent.objects.filter(run_id=wf.record.pk).order_by("pk"))[count:]
-
-
-def steps_of(wf) -> list[WorkflowStep]:
-    return list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk"))
 
 
 def assert_transition_event(event, *, kind, transition, from_status, to_status, actor, reason):
@@ -153,14 +134,14 @@ def assert_transition_event(event, *, kind, transition, from_status, to_status, 
 def finished_run(order) -> OpThree:
     wf = OpThree.start(order, color="red")
     for _ in range(3):
-        run_next()
+        run_due_step()
     assert wf.reload().status == "finished"
     return wf
 
 
 def failed_run(order) -> OpFlaky:
     wf = OpFlaky.start(order)
-    run_next()
+    run_due_step()
     wf.reload()
     assert wf.status == "paused"
     assert [(s.step_name, s.status) for s in steps_of(wf)] == [("boom", "failed")]
@@ -249,7 +230,7 @@ def test_pause_refused_outside_ready_waiting_performing(order, state):
         wf.cancel()
     else:
         for _ in range(3):
-            run_next()
+            run_due_step()
     before = snapshot(wf)
 
     with pytest.raises(InvalidTransition, match=f"Cannot pause a {state} workflow"):
@@ -313,15 +294,15 @@ def test_resume_after_a_failed_step_schedules_a_fresh_attempt_now(order):
     )
     assert event.step_id == fresh.pk
 
-    run_next()
-    run_next()
+    run_due_step()
+    run_due_step()
     assert wf.reload().status == "finished"
     assert list(SideEffect.objects.values_list("label", flat=True)) == ["op_flaky.boom", "op_flaky.after"]
 
 
 def test_resume_after_a_body_pause_runs_the_step_again_now(order):
     wf = OpSelfPause.start(order)
-    run_next()
+    run_due_step()
     wf.reload()
     assert (wf.status, wf.record.paused_reason) == ("paused", "needs a look")
     assert [(s.status, s.outcome) for s in steps_of(wf)] == [("cancelled", "paused")]
@@ -332,8 +313,8 @@ def test_resume_after_a_body_pause_runs_the_step_again_now(order):
     fresh = steps_of(wf)[-1]
     assert (fresh.step_name, fresh.attempt, fresh.status) == ("check", 2, "scheduled")
     assert fresh.scheduled_at <= timezone.now()
-    run_next()
-    run_next()
+    run_due_step()
+    run_due_step()
     assert wf.reload().status == "finished"
 
 
@@ -371,7 +352,7 @@ def test_resume_refused_unless_paused(order, state):
         wf.cancel()
     elif state == "finished":
         for _ in range(3):
-            run_next()
+            run_due_step()
     before = snapshot(wf)
 
     with pytest.raises(NotPaused, match=f"Cannot resume a {state} workflow: it is not paused"):
@@ -410,14 +391,14 @@ def test_resume_at_cancels_the_active_attempt_and_schedules_that_step_now(order)
     assert event.details == {"step": "done"}
     assert event.step_id == new.pk
 
-    run_next()
+    run_due_step()
     assert wf.reload().status == "finished"
     assert list(SideEffect.objects.values_list("label", flat=True)) == ["op_later.done"]
 
 
 def test_resume_at_an_earlier_step_after_a_failure(order):
     wf = OpThree.start(order)
-    run_next()  # a
+    run_due_step()  # a
     claimed = claim_one()  # b
     wf.pause()
     execute_step(claimed)  # b completes, c scheduled, the run holds
@@ -537,7 +518,7 @@ def test_cancel_refused_on_a_finished_or_cancelled_run(order, state):
         wf.cancel()
     else:
         for _ in range(3):
-            run_next()
+            run_due_step()
     before = snapshot(wf)
 
     with pytest.raises(InvalidTransition, match=f"Cannot cancel a {state} workflow"):
@@ -620,7 +601,7 @@ def test_run_now_pulls_a_wait_forward(order):
     )
     assert event.details == {"was_scheduled_at": scheduled.scheduled_at.isoformat()}
 
-    run_next()
+    run_due_step()
     assert list(SideEffect.objects.values_list("label", flat=True)) == ["op_later.later"]
 
 
@@ -642,7 +623,7 @@ def test_run_now_refused_without_a_scheduled_step(order, state):
         claimed = claim_one()
         if state == "finished":
             execute_step(claimed)
-            run_next()
+            run_due_step()
     before = snapshot(wf)
 
     with pytest.raises(InvalidTransition, match=f"Cannot run_now a {state} workflow"):
@@ -678,15 +659,15 @@ def test_skip_on_a_ready_run_skips_the_step_and_schedules_the_next(order):
     )
     assert event.details == {"next_step": "done", "skipped": "later"}
 
-    run_next()
+    run_due_step()
     assert wf.reload().status == "finished"
     assert list(SideEffect.objects.values_list("label", flat=True)) == ["op_later.done"]
 
 
 def test_skip_at_the_last_step_finishes_the_run(order):
     wf = OpThree.start(order)
-    run_next()
-    run_next()
+    run_due_step()
+    run_due_step()
     before = event_count(wf)
 
     wf.skip(actor="erin", reason="enough")
@@ -744,7 +725,7 @@ def test_skip_on_a_paused_run_moves_past_the_failed_step(order):
     )
     assert skipped.details == {"next_step": "after", "skipped": "boom"}
 
-    run_next()
+    run_due_step()
     assert wf.reload().status == "finished"
     assert list(SideEffect.objects.values_list("label", flat=True)) == ["op_flaky.after"]
 
@@ -768,7 +749,7 @@ def test_skip_refused_unless_ready_or_paused(order, state):
         wf.cancel()
     else:
         for _ in range(3):
-            run_next()
+            run_due_step()
     before = snapshot(wf)
 
     with pytest.raises(InvalidTransition, match=f"Cannot skip on a {state} workflow") as raised:

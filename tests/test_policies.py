@@ -7,8 +7,9 @@ import pytest
 
 from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowStep
-from pgbus_workflows.services.claims import claim_due_steps, claim_step
+from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
+from tests.support import run_next, scheduled, steps_of
 
 pytestmark = pytest.mark.django_db
 
@@ -37,23 +38,6 @@ ERRORS = {
 def raise_chosen(wf):
     """Raise the error named by the run's ``error`` argument."""
     raise ERRORS[wf.arguments.get("error", "pol")]("kaboom")
-
-
-def scheduled(wf):
-    return WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
-
-
-def run_next(wf):
-    """Claim the run's scheduled attempt (due or not), execute it, return the attempt row."""
-    claimed = claim_step(scheduled(wf).pk, "test")
-    assert claimed is not None
-    execute_step(claimed)
-    wf.reload()
-    return WorkflowStep.objects.get(pk=claimed.pk)
-
-
-def attempts(wf):
-    return list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk"))
 
 
 # -- workflows -------------------------------------------------------------------------------
@@ -262,7 +246,7 @@ def test_the_default_policy_pauses_the_run_with_the_error_as_reason():
     assert (event.transition, event.from_status, event.to_status) == ("hold", "performing", "paused")
     assert event.details["action"] == "pause"
     assert event.details["error_class"] == "tests.test_policies.PolError"
-    assert len(attempts(wf)) == 1
+    assert len(steps_of(wf)) == 1
     assert claim_due_steps(10) == []
 
 
@@ -362,7 +346,7 @@ def test_max_reattempts_three_means_three_reattempts_then_the_fourth_failure_pau
     assert rows[3].status == "failed"
     assert rows[3].error_class == "tests.test_policies.PolError"
     assert wf.status == "paused"
-    assert len(attempts(wf)) == 4
+    assert len(steps_of(wf)) == 4
     event = WorkflowEvent.objects.get(run_id=wf.record.pk, kind="step_failed")
     assert (event.details["reattempts_exhausted"], event.details["action"]) == (3, "pause")
 
@@ -375,7 +359,7 @@ def test_max_reattempts_with_terminal_cancel_cancels_the_run():
     assert [r.outcome for r in rows] == ["reattempted", "reattempted", "reattempted", "cancelled"]
     assert rows[3].status == "failed"
     assert wf.status == "cancelled"
-    assert len(attempts(wf)) == 4
+    assert len(steps_of(wf)) == 4
 
 
 def test_step_level_max_reattempts():

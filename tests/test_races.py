@@ -17,6 +17,7 @@ from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.states import ONGOING_RUN
+from tests.support import kinds, steps_of
 from tests.testapp.models import Receipt, SideEffect
 from tests.threads import JOIN_TIMEOUT, Worker
 
@@ -49,14 +50,6 @@ def gate(label):
     ENTERED.set()
     assert RELEASE.wait(JOIN_TIMEOUT), "the test never released the body"
     SideEffect.objects.create(label=label)
-
-
-def steps_of(wf):
-    return list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk"))
-
-
-def kinds(wf):
-    return list(WorkflowEvent.objects.filter(run_id=wf.record.pk).order_by("pk").values_list("kind", flat=True))
 
 
 # -- (1) two claimers on one queue ---------------------------------------------------------------

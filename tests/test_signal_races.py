@@ -13,11 +13,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from pgbus_workflows import Workflow, step
-from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from pgbus_workflows.models import WorkflowRun, WorkflowSignal
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.waiting import expire_due_waits
+from tests.support import kinds, record, steps_of
 from tests.testapp.models import Order, SideEffect
 from tests.threads import JOIN_TIMEOUT, Worker
 
@@ -35,10 +36,6 @@ def _reset_gates():
     RELEASE.clear()
     yield
     RELEASE.set()  # never leave a body blocked
-
-
-def record(label: str, key: str = "") -> None:
-    SideEffect.objects.create(label=label, key=key)
 
 
 def signal_info(workflow) -> dict:
@@ -92,14 +89,6 @@ class SigRaceTimeoutRun(Workflow):
         record("capture")
 
 
-def steps_of(run_pk):
-    return list(WorkflowStep.objects.filter(run_id=run_pk).order_by("pk"))
-
-
-def kinds(run_pk):
-    return list(WorkflowEvent.objects.filter(run_id=run_pk).order_by("pk").values_list("kind", flat=True))
-
-
 def park(cls):
     """A fresh run of ``cls`` (about a new order) parked on its first step."""
     wf = cls.start(Order.objects.create())
@@ -129,7 +118,7 @@ def test_a_signal_during_the_previous_step_is_consumed_when_the_wait_for_step_co
     assert wf.status == "performing"
     signal.refresh_from_db()
     assert (signal.status, signal.consumed_by_id) == ("pending", None)
-    (slow,) = steps_of(wf.record.pk)
+    (slow,) = steps_of(wf)
     assert slow.status == "in_progress"
 
     RELEASE.set()
@@ -139,12 +128,12 @@ def test_a_signal_during_the_previous_step_is_consumed_when_the_wait_for_step_co
 
     wf.reload()
     assert wf.status == "finished"
-    slow, capture = steps_of(wf.record.pk)
+    slow, capture = steps_of(wf)
     assert (slow.status, capture.status) == ("completed", "completed")
     signal.refresh_from_db()
     assert (signal.status, signal.consumed_by_id) == ("consumed", capture.pk)
     assert capture.output == {"timed_out": False, "signal": signal.pk}
-    assert "step_waiting" not in kinds(wf.record.pk)
+    assert "step_waiting" not in kinds(wf)
     assert sorted(SideEffect.objects.values_list("label", flat=True)) == ["capture", "slow"]
 
 
@@ -176,13 +165,13 @@ def test_a_signal_racing_the_gate_is_never_lost():
 
         wf.reload()
         assert wf.status == "finished"
-        (capture,) = steps_of(wf.record.pk)
+        (capture,) = steps_of(wf)
         assert (capture.step_name, capture.attempt, capture.status) == ("capture", 1, "completed")
         signal.refresh_from_db()
         assert (signal.status, signal.consumed_by_id) == ("consumed", capture.pk)
         assert capture.output == {"timed_out": False, "signal": signal.pk}
         assert SideEffect.objects.filter(label="capture", key=str(wf.workflow_id)).count() == 1
-        assert kinds(wf.record.pk).count("signal_consumed") == 1
+        assert kinds(wf).count("signal_consumed") == 1
     assert sum(paths.values()) == 20
 
 
@@ -208,9 +197,9 @@ def test_two_concurrent_deliveries_with_one_key_store_one_signal():
         (row,) = WorkflowSignal.objects.filter(run_id=wf.record.pk)
         first = next(r for r in results if not r.duplicate_delivery)
         assert (row.payload, row.actor, row.status) == (first.payload, first.actor, "consumed")
-        (capture,) = steps_of(wf.record.pk)
+        (capture,) = steps_of(wf)
         assert (capture.status, capture.signal_id) == ("scheduled", row.pk)
-        events = kinds(wf.record.pk)
+        events = kinds(wf)
         assert (events.count("signal_received"), events.count("signal_consumed"), events.count("step_woken")) == (
             1,
             1,
@@ -236,10 +225,10 @@ def test_two_concurrent_signals_wake_the_step_once_and_the_other_stays_pending()
 
     statuses = Counter(WorkflowSignal.objects.filter(run_id=wf.record.pk).values_list("status", flat=True))
     assert statuses == Counter({"consumed": 1, "pending": 1})
-    (capture,) = steps_of(wf.record.pk)
+    (capture,) = steps_of(wf)
     consumed = WorkflowSignal.objects.get(run_id=wf.record.pk, status="consumed")
     assert (capture.status, capture.signal_id, consumed.consumed_by_id) == ("scheduled", consumed.pk, capture.pk)
-    assert kinds(wf.record.pk).count("step_woken") == 1
+    assert kinds(wf).count("step_woken") == 1
 
 
 # -- a timeout firing while a signal commits ------------------------------------------------------------
@@ -268,9 +257,9 @@ def test_a_timeout_racing_a_signal_has_exactly_one_winner(cls):
         signal, fired = (worker.finish() for worker in workers)
 
         signal.refresh_from_db()
-        (capture,) = steps_of(run_pk)
+        (capture,) = steps_of(wf)
         run = WorkflowRun.objects.get(pk=run_pk)
-        events = kinds(run_pk)
+        events = kinds(wf)
         assert events.count("signal_received") == 1
         assert fired in (0, 1)
         if fired:
@@ -329,7 +318,7 @@ def test_a_webhook_transaction_moves_the_run_only_when_it_commits(commit):
     # another connection sees nothing of the open transaction, and claims nothing
     assert WorkflowSignal.objects.filter(run_id=run_pk).count() == 0
     assert WorkflowRun.objects.get(pk=run_pk).status == "waiting"
-    assert steps_of(run_pk)[0].status == "waiting"
+    assert steps_of(wf)[0].status == "waiting"
     assert claim_due_steps(10, queues=[RQ]) == []
 
     # a retry of the webhook from another connection waits for the first one's outcome
@@ -340,7 +329,7 @@ def test_a_webhook_transaction_moves_the_run_only_when_it_commits(commit):
     again = retry.finish()
 
     (signal,) = WorkflowSignal.objects.filter(run_id=run_pk)
-    (capture,) = steps_of(run_pk)
+    (capture,) = steps_of(wf)
     if commit:
         assert result.pk == signal.pk
         assert again.duplicate_delivery is True
@@ -354,7 +343,7 @@ def test_a_webhook_transaction_moves_the_run_only_when_it_commits(commit):
         assert not SideEffect.objects.filter(label="webhook").exists()
     assert (signal.status, signal.consumed_by_id) == ("consumed", capture.pk)
     assert (capture.status, capture.signal_id) == ("scheduled", signal.pk)
-    assert kinds(run_pk).count("signal_received") == 1
+    assert kinds(wf).count("signal_received") == 1
     assert run_due_steps(queues=[RQ]) == 1
     assert wf.reload().status == "finished"
 
@@ -362,7 +351,7 @@ def test_a_webhook_transaction_moves_the_run_only_when_it_commits(commit):
 def test_a_rolled_back_webhook_leaves_no_signal():
     wf = park(SigRaceTimeoutPause)
     run_pk = wf.record.pk
-    events_before = kinds(run_pk)
+    events_before = kinds(wf)
     in_transaction, finish = threading.Event(), threading.Event()
     hook = Worker(webhook, run_pk, in_transaction, finish, False)
     hook.start()
@@ -372,8 +361,8 @@ def test_a_rolled_back_webhook_leaves_no_signal():
 
     assert WorkflowSignal.objects.filter(run_id=run_pk).count() == 0
     assert WorkflowRun.objects.get(pk=run_pk).status == "waiting"
-    (capture,) = steps_of(run_pk)
+    (capture,) = steps_of(wf)
     assert (capture.status, capture.signal_id) == ("waiting", None)
-    assert kinds(run_pk) == events_before
+    assert kinds(wf) == events_before
     assert not SideEffect.objects.exists()
     assert claim_due_steps(10, queues=[RQ]) == []

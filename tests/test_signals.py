@@ -26,21 +26,18 @@ from pgbus_workflows import (
 )
 from pgbus_workflows import signals as wf_signals
 from pgbus_workflows.exceptions import TestHelperError
-from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from pgbus_workflows.models import WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.waiting import expire_due_waits
 from pgbus_workflows.sweep import Sweeper, gauge
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.support import events_of, kinds, labels, record, snapshot, steps_of
 from tests.testapp.models import Order, SideEffect
 
 Q = "sig_q"
 HOUR = timedelta(hours=1)
-
-
-def record(label: str) -> None:
-    SideEffect.objects.create(label=label)
 
 
 def signal_info(workflow) -> dict:
@@ -226,38 +223,9 @@ def run_all() -> int:
     return run_due_steps(queues=[Q])
 
 
-def steps_of(wf) -> list[WorkflowStep]:
-    return list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk"))
-
-
 def step_row(wf, name: str) -> WorkflowStep:
     """The latest attempt of ``name``."""
     return WorkflowStep.objects.filter(run_id=wf.record.pk, step_name=name).order_by("-pk").first()
-
-
-def events_of(wf) -> list[WorkflowEvent]:
-    return list(WorkflowEvent.objects.filter(run_id=wf.record.pk).order_by("pk"))
-
-
-def kinds(wf) -> list[str]:
-    return [e.kind for e in events_of(wf)]
-
-
-def labels() -> list[str]:
-    return list(SideEffect.objects.order_by("pk").values_list("label", flat=True))
-
-
-def snapshot(wf) -> tuple:
-    """Everything a signal could move: compared before and after a refused or duplicate one."""
-    run = WorkflowRun.objects.get(pk=wf.record.pk)
-    return (
-        run.status,
-        run.current_step,
-        [(s.pk, s.status, s.signal_id, s.scheduled_at) for s in steps_of(wf)],
-        list(WorkflowSignal.objects.filter(run_id=run.pk).values_list("pk", "status", "consumed_by_id")),
-        WorkflowEvent.objects.filter(run_id=run.pk).count(),
-        labels(),
-    )
 
 
 def park(cls, subject, **arguments):

@@ -36,8 +36,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return environment
 
 
-def test_the_quick_demo_ends_every_run_as_designed_on_sqlite(env):
-    result = manage(env, "demo", "--quick", timeout=60)
+@pytest.fixture(scope="module")
+def first_demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``manage.py demo --quick`` run once on the fresh database, before any other demo (in any test order)."""
+    return manage(env, "demo", "--quick", timeout=60)
+
+
+def test_the_quick_demo_ends_every_run_as_designed_on_sqlite(first_demo):
+    result = first_demo
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert out.splitlines()[0].startswith("pgbus-workflows demo on SQLite (")
@@ -50,7 +56,8 @@ def test_the_quick_demo_ends_every_run_as_designed_on_sqlite(env):
     assert "http://127.0.0.1:8000/admin/" in out
 
 
-def test_the_demo_runs_again_on_the_same_database(env):
+def test_the_demo_runs_again_on_the_same_database(env, first_demo):
+    assert first_demo.returncode == 0, first_demo.stdout + first_demo.stderr
     result = manage(env, "demo", "--quick", timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Removed the sample data and the 10 runs of an earlier demo." in result.stdout

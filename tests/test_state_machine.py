@@ -202,7 +202,7 @@ TABLES = [
 # -- reading the rows -------------------------------------------------------------------------------
 
 
-def snapshot() -> tuple[list[dict[str, Any]], ...]:
+def every_workflow_row() -> tuple[list[dict[str, Any]], ...]:
     """Every workflow row, to show that a refused call changed nothing."""
     return tuple(
         list(model.objects.order_by("pk").values())
@@ -427,7 +427,7 @@ class WorkflowMachine(RuleBasedStateMachine):
                 .filter(workflow_class=name, subject_type="testapp.order", subject_id=str(order.pk))
                 .first()
             )
-        before = snapshot()
+        before = every_workflow_row()
         same_start = first_with_key is not None and (
             (first_with_key.subject_id, first_with_key.arguments)
             == (None if order is None else str(order.pk), {"plan": plan})
@@ -435,16 +435,16 @@ class WorkflowMachine(RuleBasedStateMachine):
         if first_with_key is not None and same_start:
             wf = cls.start(order, idempotency_key=key, plan=plan)
             assert wf.duplicate_start and wf.workflow_id == first_with_key.workflow_id
-            assert snapshot() == before
+            assert every_workflow_row() == before
         elif first_with_key is not None:  # the key holds another start: refused, nothing written
             with pytest.raises(IdempotencyConflict, match="nothing was started"):
                 cls.start(order, idempotency_key=key, plan=plan)
-            assert snapshot() == before
+            assert every_workflow_row() == before
         elif holder is not None:
             with pytest.raises(AlreadyRunning, match="already has an ongoing run") as caught:
                 cls.start(order, idempotency_key=key, plan=plan)
             assert caught.value.workflow.workflow_id == holder.workflow_id
-            assert snapshot() == before
+            assert every_workflow_row() == before
         else:
             wf = cls.start(order, idempotency_key=key, plan=plan)
             assert not wf.duplicate_start
@@ -481,10 +481,10 @@ class WorkflowMachine(RuleBasedStateMachine):
         scheduled = WorkflowStep.objects.filter(run=run, status="scheduled").first()
         if scheduled is None:
             return
-        before = snapshot()
+        before = every_workflow_row()
         claimed = claim_step(scheduled.pk, claimed_by="sm")
         if run.status != "ready":
-            assert claimed is None and snapshot() == before, "claimed the step of a run that is not ready"
+            assert claimed is None and every_workflow_row() == before, "claimed the step of a run that is not ready"
             return
         assert claimed is not None
         if keep:
@@ -551,13 +551,13 @@ class WorkflowMachine(RuleBasedStateMachine):
             )
             allowed = allowed and not (run.subject_id and other)
             refusal = (InvalidTransition, AlreadyRunning)
-        before = snapshot()
+        before = every_workflow_row()
         call = getattr(handle, verb)
         args = (step_name,) if verb == "resume_at" else ()
         if not allowed:
             with pytest.raises(refusal):
                 call(*args, actor="sm-operator", reason="property test")
-            assert snapshot() == before, f"a refused {verb} on a {status} run changed rows"
+            assert every_workflow_row() == before, f"a refused {verb} on a {status} run changed rows"
             return
         last = WorkflowStep.objects.filter(run=run).order_by("-pk").first()
         result = call(*args, actor="sm-operator", reason="property test")
@@ -621,7 +621,7 @@ class WorkflowMachine(RuleBasedStateMachine):
     def deliver(self, run: WorkflowRun, name: str, key: str | None, *, via_subject: bool) -> None:
         cls = CLASSES[run.workflow_class]
         first = WorkflowSignal.objects.filter(run=run, idempotency_key=key).first() if key else None
-        before = snapshot()
+        before = every_workflow_row()
         if name not in cls.signal_names():  # a name no step of the class waits for: refused, always
             order = Order.objects.filter(pk=run.subject_id).first() if run.subject_id else None
             with pytest.raises(UnknownSignal, match=f"No step of {run.workflow_class} waits for signal"):
@@ -629,7 +629,7 @@ class WorkflowMachine(RuleBasedStateMachine):
                     cls.signal_for(order, name, payload={"n": 1}, idempotency_key=key, missing="ignore")
                 else:
                     Workflow.find(run.workflow_id).signal(name, {"n": 1}, idempotency_key=key)
-            assert snapshot() == before
+            assert every_workflow_row() == before
             return
         if via_subject and run.subject_id:
             holder = WorkflowRun.objects.ongoing().filter(
@@ -638,17 +638,17 @@ class WorkflowMachine(RuleBasedStateMachine):
             order = Order.objects.get(pk=run.subject_id)
             result = cls.signal_for(order, name, payload={"n": 1}, idempotency_key=key, missing="ignore")
             if not holder.exists():
-                assert result is None and snapshot() == before
+                assert result is None and every_workflow_row() == before
             return  # the ongoing run of the subject may be another run than ``run``: the invariants judge
         handle = Workflow.find(run.workflow_id)
         if first is not None:
             result = handle.signal(name, {"n": 1}, idempotency_key=key)
             assert result.duplicate_delivery and result.pk == first.pk
-            assert snapshot() == before, "a duplicate delivery changed rows"
+            assert every_workflow_row() == before, "a duplicate delivery changed rows"
         elif run.status in TERMINAL_RUN:
             with pytest.raises(NotOngoing, match=f"Cannot signal a {run.status} workflow"):
                 handle.signal(name, {"n": 1}, idempotency_key=key)
-            assert snapshot() == before
+            assert every_workflow_row() == before
         else:
             active = active_step(run)
             waits = active is not None and active.status == "waiting" and name in (active.wait_for or [])

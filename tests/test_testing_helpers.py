@@ -10,11 +10,8 @@ from pgbus_workflows.exceptions import TestHelperError
 from pgbus_workflows.models import WorkflowEvent, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.testing import WorkflowTestMixin
-from tests.testapp.models import Order, SideEffect
-
-
-def record(label: str) -> None:
-    SideEffect.objects.create(label=label)
+from tests.support import labels, record
+from tests.testapp.models import Order
 
 
 class HelpersDrip(Workflow):
@@ -69,11 +66,8 @@ class HelpersForever(Workflow):
         self.reattempt()
 
 
-def labels() -> list[str]:
-    return list(SideEffect.objects.order_by("pk").values_list("label", flat=True))
-
-
-def steps_of(wf) -> list[tuple[str, str]]:
+def names_and_statuses(wf) -> list[tuple[str, str]]:
+    """The (step name, status) of the run's attempts, oldest first."""
     return list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk").values_list("step_name", "status"))
 
 
@@ -120,7 +114,7 @@ class PerformNextStepTests(WorkflowTestMixin, TestCase):
             self.perform_next_step(wf)
 
         self.assertEqual(labels(), [])
-        self.assertEqual(steps_of(wf), [("welcome", "scheduled")])
+        self.assertEqual(names_and_statuses(wf), [("welcome", "scheduled")])
         self.assertEqual(WorkflowEvent.objects.count(), events)
 
     def test_on_a_finished_run_says_rerun_starts_a_new_run(self):
@@ -173,7 +167,7 @@ class RunStepInlineTests(WorkflowTestMixin, TestCase):
             self.run_step_inline(wf, "reminder")
 
         self.assertEqual(labels(), [])
-        self.assertEqual(steps_of(wf), [("welcome", "scheduled")])
+        self.assertEqual(names_and_statuses(wf), [("welcome", "scheduled")])
         self.assertEqual(WorkflowEvent.objects.count(), events)
 
     def test_raises_on_a_paused_run(self):
@@ -207,7 +201,7 @@ class SpeedrunTests(WorkflowTestMixin, TestCase):
         self.assertWorkflowStatus(wf, "paused")
         self.assertEqual(wf.record.paused_reason, "needs a human")
         self.assertEqual(labels(), ["check"])
-        self.assertEqual(steps_of(wf), [("check", "cancelled")])
+        self.assertEqual(names_and_statuses(wf), [("check", "cancelled")])
 
     def test_stops_at_cancelled(self):
         wf = HelpersCancels.start(self.order)
@@ -216,7 +210,7 @@ class SpeedrunTests(WorkflowTestMixin, TestCase):
 
         self.assertWorkflowStatus(wf, "cancelled")
         self.assertEqual(labels(), ["check"])
-        self.assertEqual(steps_of(wf), [("check", "cancelled")])
+        self.assertEqual(names_and_statuses(wf), [("check", "cancelled")])
 
     def test_raises_after_max_steps_on_an_endless_reattempt_loop(self):
         wf = HelpersForever.start(self.order)

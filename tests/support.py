@@ -1,0 +1,123 @@
+"""Helpers the test files share: side effects, running one step, reading a run's rows, the admin's URLs.
+
+A test file keeps its workflow classes and the helpers only it needs; what several files
+read or do the same way lives here, once. Every helper works on a run's handle (``wf``)
+and reads the rows afresh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import Permission
+from django.contrib.messages import get_messages
+from django.urls import reverse
+
+from pgbus_workflows import Workflow
+from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from pgbus_workflows.services.claims import claim_step
+from pgbus_workflows.services.executor import execute_step
+from tests.testapp.models import SideEffect
+
+# -- side effects --------------------------------------------------------------------------------
+
+
+def record(label: str, key: str = "") -> None:
+    """Inside a body: note that it ran (``label``), with an optional ``key``, as a SideEffect row."""
+    SideEffect.objects.create(label=label, key=key)
+
+
+def labels() -> list[str]:
+    """The labels of every SideEffect row, in the order they were written."""
+    return list(SideEffect.objects.order_by("pk").values_list("label", flat=True))
+
+
+# -- running one step --------------------------------------------------------------------------------
+
+
+def scheduled(wf: Workflow) -> WorkflowStep:
+    """The run's scheduled attempt (a run has at most one active attempt)."""
+    return WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
+
+
+def run_next(wf: Workflow, claimed_by: str = "test") -> WorkflowStep:
+    """Claim the run's scheduled attempt (due or not), execute it, reload ``wf``; returns the attempt row."""
+    claimed = claim_step(scheduled(wf).pk, claimed_by)
+    assert claimed is not None
+    execute_step(claimed)
+    wf.reload()
+    return WorkflowStep.objects.get(pk=claimed.pk)
+
+
+# -- reading a run's rows ---------------------------------------------------------------------------
+
+
+def steps_of(wf: Workflow) -> list[WorkflowStep]:
+    """The run's step attempts, oldest first."""
+    return list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk"))
+
+
+def events_of(wf: Workflow, kind: str | None = None) -> list[WorkflowEvent]:
+    """The run's events, oldest first (only those of ``kind`` when given)."""
+    rows = WorkflowEvent.objects.filter(run_id=wf.record.pk).order_by("pk")
+    if kind is not None:
+        rows = rows.filter(kind=kind)
+    return list(rows)
+
+
+def kinds(wf: Workflow) -> list[str]:
+    """The kinds of the run's events, oldest first."""
+    return list(WorkflowEvent.objects.filter(run_id=wf.record.pk).order_by("pk").values_list("kind", flat=True))
+
+
+def snapshot(wf: Workflow) -> tuple[Any, ...]:
+    """What a refused or repeated call must leave alone: the run's rows, the row counts, the side effects."""
+    pk = wf.record.pk
+    return (
+        WorkflowRun.objects.filter(pk=pk).values().get(),
+        list(WorkflowStep.objects.filter(run_id=pk).order_by("pk").values()),
+        list(WorkflowEvent.objects.filter(run_id=pk).order_by("pk").values_list("pk", flat=True)),
+        list(WorkflowSignal.objects.filter(run_id=pk).order_by("pk").values()),
+        WorkflowRun.objects.count(),
+        WorkflowStep.objects.count(),
+        labels(),
+    )
+
+
+def new_events(wf: Workflow, before: tuple[Any, ...]) -> list[WorkflowEvent]:
+    """The run's events written after ``before`` (a :func:`snapshot`) was taken, oldest first."""
+    return list(WorkflowEvent.objects.filter(run_id=wf.record.pk).exclude(pk__in=before[2]).order_by("pk"))
+
+
+# -- the admin ------------------------------------------------------------------------------------
+
+#: Every view permission of the app's models.
+VIEW = ("view_workflowrun", "view_workflowstep", "view_workflowevent", "view_workflowsignal", "view_dispatcher")
+
+
+#: The password of every staff user the tests make (the browser tests log in with it).
+PASSWORD = "correct horse battery staple"
+
+
+def staff_user(django_user_model: Any, username: str, *codenames: str) -> Any:
+    """A staff user holding exactly the app's permissions named by ``codenames``."""
+    user = django_user_model.objects.create_user(username=username, password=PASSWORD, is_staff=True)
+    perms = list(Permission.objects.filter(content_type__app_label="pgbus_workflows", codename__in=codenames))
+    assert len(perms) == len(set(codenames))
+    user.user_permissions.add(*perms)
+    return user
+
+
+def run_page(wf: Workflow) -> str:
+    """The URL of the run's admin page."""
+    return reverse("admin:pgbus_workflows_workflowrun_change", args=[wf.record.pk])
+
+
+def operation_url(wf: Workflow, verb: str) -> str:
+    """The URL of the admin's form for ``verb`` (pause, signal, resume_at...) on the run."""
+    return reverse(f"admin:pgbus_workflows_workflowrun_{verb}", args=[wf.record.pk])
+
+
+def messages_of(response: Any) -> list[tuple[int, str]]:
+    """The (level, text) of every message the admin queued for the user during ``response``."""
+    return [(m.level, str(m.message)) for m in get_messages(response.wsgi_request)]

@@ -317,7 +317,7 @@ def check_invariants() -> None:
         returned_events = [e for e in events if e.kind == "signal_returned"]
         assert len(received) == len(run_signals), f"{run}: {len(received)} signal_received, {len(run_signals)} rows"
         consumed_now = len([s for s in run_signals if s.status == "consumed"])
-        assert len(consumed_events) - len(returned_events) == consumed_now, f"{run}: {consumed_events} {returned_events}"
+        assert len(consumed_events) - len(returned_events) == consumed_now, (run, consumed_events, returned_events)
         for event in returned_events:
             attempt = steps_by_pk[event.step_id]
             assert attempt.signal_id is None and attempt.status not in ("completed", "in_progress"), attempt

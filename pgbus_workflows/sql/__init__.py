@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from .statements import BUILDERS
 
@@ -26,10 +26,11 @@ Statement = tuple[str, list[Any]]
 
 def statement(name: str, *variant: Hashable) -> str:
     """The text of statement ``name`` (``variant``: what shapes it, e.g. a model and its fields)."""
-    key = (connection.alias, connection.vendor, name, variant)
+    db = connections[DEFAULT_DB_ALIAS]  # resolved once: each attribute read through the proxy costs a lookup
+    key = (db.alias, db.vendor, name, variant)
     text = _cache.get(key)
     if text is None:
-        text = _cache[key] = BUILDERS[name](connection, *variant)
+        text = _cache[key] = BUILDERS[name](db, *variant)
     return text
 
 
@@ -50,8 +51,9 @@ def pipeline() -> Iterator[Any]:
     connection. :func:`pipelined_cursor` makes another one in the same pipeline (two result
     sets in one round trip). Inside the caller's transaction; errors are Django's exceptions.
     """
-    connection.ensure_connection()
-    with connection.wrap_database_errors, connection.connection.pipeline():
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    with db.wrap_database_errors, db.connection.pipeline():
         first = pipelined_cursor()
         try:
             yield first
@@ -70,9 +72,10 @@ class PreparedCursor(psycopg.Cursor[Any]):
 
 def pipelined_cursor() -> Any:
     """Another prepared, server-binding Django cursor on the connection (in its pipeline, if any)."""
-    prepared: Any = PreparedCursor(connection.connection)  # the stubs want a wrapper: Django wraps a DB-API cursor
+    db = connections[DEFAULT_DB_ALIAS]
+    prepared: Any = PreparedCursor(db.connection)  # the stubs want a wrapper: Django wraps a DB-API cursor
     # Django's own wrapper around it: execute wrappers, query logging and counting see it.
-    return connection.make_debug_cursor(prepared) if connection.queries_logged else connection.make_cursor(prepared)
+    return db.make_debug_cursor(prepared) if db.queries_logged else db.make_cursor(prepared)
 
 
 def run_batch(statements: list[Statement]) -> None:
@@ -84,13 +87,14 @@ def run_batch(statements: list[Statement]) -> None:
     """
     if not statements:
         return
-    if connection.vendor == "postgresql" and len(statements) > 1 and _server_side_binding():
+    postgresql = connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+    if postgresql and len(statements) > 1 and _server_side_binding():
         with pipeline() as queued:
             for text, params in statements:
                 queued.execute(text, params)
         return
     with cursor() as plain:
-        if connection.vendor == "postgresql" and len(statements) > 1:
+        if postgresql and len(statements) > 1:
             plain.execute("; ".join(text for text, _ in statements), [p for _, params in statements for p in params])
         else:
             for text, params in statements:

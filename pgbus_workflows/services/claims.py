@@ -39,7 +39,7 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
         for _ in range(_MAX_PASSES):
             # Names seen before and still unknown are left out in SQL: the normal case (every
             # dispatcher on the same code) sends the same statement as before, no filter.
-            unknown = sorted(key for key in _unrunnable if not can_run_step(*key))
+            unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
             rows = _due_rows(limit, queue_list, now, unknown)
             new = {(klass, name) for _, _, klass, name in rows if not can_run_step(klass, name)}
             if not new:

@@ -53,7 +53,8 @@ def claim_due_jobs(limit: int, queues: Iterable[str] | None = None, claimed_by: 
     cutoff = now - settings.UNKNOWN_STEP_GRACE
     with transaction.atomic():
         for _ in range(5):
-            unknown = sorted(path for path in _unimportable if not can_run_job(path))
+            # tuple(): a copy made at once, as worker threads claim jobs too (the set may grow meanwhile)
+            unknown = sorted(path for path in tuple(_unimportable) if not can_run_job(path))
             found = _due_jobs(limit, None if queues is None else list(queues), now, cutoff, unknown)
             new = {path for _, path, at in found if at > cutoff and not can_run_job(path)}
             if not new:

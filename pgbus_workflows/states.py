@@ -97,15 +97,18 @@ def unless_paused(transition: str, source: str, target: str) -> tuple[str, str]:
 
 _S = StepStatus
 
-#: step status -> the statuses an attempt may move to from it.
-STEP_TRANSITIONS: dict[str, frozenset[str]] = {
-    _S.SCHEDULED: frozenset({_S.IN_PROGRESS, _S.WAITING, _S.SKIPPED, _S.CANCELLED}),
-    _S.IN_PROGRESS: frozenset({_S.COMPLETED, _S.FAILED, _S.SKIPPED, _S.CANCELLED, _S.WAITING}),
-    _S.WAITING: frozenset({_S.SCHEDULED, _S.IN_PROGRESS, _S.SKIPPED, _S.CANCELLED}),
-    _S.COMPLETED: frozenset(),
-    _S.FAILED: frozenset(),
-    _S.SKIPPED: frozenset(),
-    _S.CANCELLED: frozenset(),
+#: attempt event -> (the statuses it may come from, the status it goes to). Every move of an
+#: attempt names its event; an attempt is created scheduled (or in progress: a chained claim).
+STEP_EVENTS: dict[str, tuple[frozenset[str], str]] = {
+    "claim": (frozenset({_S.SCHEDULED}), _S.IN_PROGRESS),  # a dispatcher (or a test helper) takes it
+    "unclaim": (frozenset({_S.IN_PROGRESS}), _S.SCHEDULED),  # a chained claim its run could not take
+    "park": (frozenset({_S.IN_PROGRESS}), _S.WAITING),  # it waits for a signal or its fan-out's jobs
+    "wake": (frozenset({_S.WAITING}), _S.SCHEDULED),  # a signal came, or the wait ended with on_timeout="run"
+    "resolve": (frozenset({_S.WAITING}), _S.IN_PROGRESS),  # the wait ends with an outcome, applied next
+    "complete": (frozenset({_S.IN_PROGRESS}), _S.COMPLETED),
+    "fail": (frozenset({_S.IN_PROGRESS}), _S.FAILED),
+    "skip": (frozenset({_S.IN_PROGRESS, _S.SCHEDULED, _S.WAITING}), _S.SKIPPED),
+    "cancel": (frozenset({_S.IN_PROGRESS, _S.SCHEDULED, _S.WAITING}), _S.CANCELLED),
 }
 
 
@@ -176,10 +179,12 @@ def check_run_transition(transition: str, source: str, target: str) -> None:
         raise InvalidTransition(f"Cannot {verb} a {source} workflow (transition {transition!r} to {target})")
 
 
-def check_step_transition(source: str, target: str) -> None:
-    """Raise :class:`InvalidTransition` unless a step attempt may move ``source -> target``."""
-    if target not in STEP_TRANSITIONS.get(source, frozenset()):
-        raise InvalidTransition(f"A {source} step cannot become {target}")
+def step_event(event: str, source: str) -> str:
+    """The status an attempt in ``source`` takes on ``event``; raises :class:`InvalidTransition` otherwise."""
+    sources, target = STEP_EVENTS.get(event, (frozenset(), ""))
+    if source not in sources:
+        raise InvalidTransition(f"A {source} step cannot {event}")
+    return target
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def _claim_in_ledger(ledger: RunLedger, step: WorkflowStep, claimed_by: str) -> 
     """Claim a scheduled attempt of the locked run: the step in progress, the run performing."""
     ledger.move_step(
         step,
-        StepStatus.IN_PROGRESS,
+        "claim",
         started_at=ledger.now,
         claimed_by=claimed_by,
         stall_at=ledger.now + (step.timeout or settings.STALL_THRESHOLD),

@@ -28,7 +28,7 @@ from ..states import (
     RunStatus,
     StepStatus,
     check_run_transition,
-    check_step_transition,
+    step_event,
     unless_paused,
 )
 from .payload import storable_text
@@ -160,9 +160,9 @@ class RunLedger:
         if signal.has_listeners():
             self._after_commit.append((signal, {"workflow_id": self.run.workflow_id, **kwargs}))
 
-    def move_step(self, step: WorkflowStep, target: str, **fields: Any) -> None:
-        """Move an attempt to ``target`` (checked against the step table) and save it."""
-        check_step_transition(step.status, target)
+    def move_step(self, step: WorkflowStep, event: str, **fields: Any) -> None:
+        """Move an attempt through ``event`` (``states.STEP_EVENTS``, checked) and save it."""
+        target = step_event(event, step.status)
         step.status = target
         for name, value in fields.items():
             setattr(step, name, value)
@@ -264,9 +264,7 @@ class RunLedger:
         if step is None or step.status != StepStatus.IN_PROGRESS or self.claim_for is None:
             return None
         if self.run.status != RunStatus.READY:  # cannot happen: schedule() checked; never leave it claimed
-            step.status, step.started_at, step.claimed_by, step.stall_at = StepStatus.SCHEDULED, None, "", None
-            if step.pk is not None:
-                rows.update(step, ["status", "started_at", "claimed_by", "stall_at"])
+            self.move_step(step, "unclaim", started_at=None, claimed_by="", stall_at=None)
             self._queues.add(step.queue)
             return None
         details: dict[str, Any] = {"attempt": step.attempt, "claimed_by": step.claimed_by}

@@ -73,7 +73,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
         active = ledger.active_step()
         if active is not None:
             _return_unused_signal(ledger, active, "resume_at")
-            ledger.move_step(active, StepStatus.CANCELLED, outcome=StepOutcomeKind.CANCELLED)
+            ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
             fanout.cancel_pending_jobs(active)
         step = ledger.schedule(definition, wait=timedelta(0))
         ledger.transition(
@@ -95,7 +95,7 @@ def cancel(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
             raise InvalidTransition(f"Cannot cancel a {ledger.run.status} workflow")
         active = ledger.active_step()
         if active is not None:
-            ledger.move_step(active, StepStatus.CANCELLED, outcome=StepOutcomeKind.CANCELLED)
+            ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
             fanout.cancel_pending_jobs(active)
         ledger.transition(
             "cancel", RunStatus.CANCELLED, kind="cancelled", actor=actor or DEFAULT_ACTOR, reason=reason, step=active
@@ -195,7 +195,7 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
             ledger.transition("resume", RunStatus.READY, kind="resumed", actor=actor, reason=reason, step=active)
         if active is not None:
             _return_unused_signal(ledger, active, "skip")
-            ledger.move_step(active, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED)
+            ledger.move_step(active, "skip", outcome=StepOutcomeKind.SKIPPED)
             fanout.cancel_pending_jobs(active)
         continue_after(
             ledger, current, kind="step_skipped", actor=actor, reason=reason, details={"skipped": current.step_name}

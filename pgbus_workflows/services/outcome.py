@@ -84,25 +84,23 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
     if not outcome.body_ran and step.signal_id is not None:
         return_signal(ledger, step, outcome.kind)
     if outcome.kind == "success":
-        ledger.move_step(step, StepStatus.COMPLETED, outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
+        ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
         continue_after(ledger, step, kind="step_completed", actor=actor, reason=reason)
     elif outcome.kind == "finished":
-        ledger.move_step(step, StepStatus.COMPLETED, outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
+        ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
         ledger.transition("finish", RunStatus.FINISHED, kind="finished", step=step, actor=actor, reason=reason)
     elif outcome.kind == "reattempt":
         wait = coerce_duration(outcome.wait or 0, "reattempt(wait=)")
-        ledger.move_step(
-            step, StepStatus.COMPLETED, outcome=StepOutcomeKind.REATTEMPTED, reattempt_reason="flow_control"
-        )
+        ledger.move_step(step, "complete", outcome=StepOutcomeKind.REATTEMPTED, reattempt_reason="flow_control")
         _reattempt(ledger, step, definition, wait, actor=actor, reason=reason)
     elif outcome.kind == "skip":
-        ledger.move_step(step, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED)
+        ledger.move_step(step, "skip", outcome=StepOutcomeKind.SKIPPED)
         continue_after(ledger, step, kind="step_skipped", actor=actor, reason=reason, details=outcome.details)
     elif outcome.kind == "pause":
-        ledger.move_step(step, StepStatus.CANCELLED, outcome=StepOutcomeKind.PAUSED)
+        ledger.move_step(step, "cancel", outcome=StepOutcomeKind.PAUSED)
         _pause(ledger, step, "step_pause", kind="paused", actor=actor, reason=reason)
     elif outcome.kind == "cancel":
-        ledger.move_step(step, StepStatus.CANCELLED, outcome=StepOutcomeKind.CANCELLED)
+        ledger.move_step(step, "cancel", outcome=StepOutcomeKind.CANCELLED)
         ledger.transition(
             "cancel",
             RunStatus.CANCELLED,
@@ -129,7 +127,7 @@ def _open_fan_out(
     """Insert the jobs in bulk and park the step until the last one ends (zero jobs: done at once)."""
     if not jobs:
         empty = {"total": 0, "succeeded": 0, "failed": 0}
-        ledger.move_step(step, StepStatus.COMPLETED, outcome=StepOutcomeKind.SUCCESS, output=empty, fan_out_total=0)
+        ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=empty, fan_out_total=0)
         continue_after(ledger, step, kind="step_completed", details={"fan_out": empty})
         return
     max_attempts = definition.max_attempts if definition is not None else 1
@@ -150,7 +148,7 @@ def _open_fan_out(
         ],
         batch_size=1000,
     )
-    ledger.move_step(step, StepStatus.WAITING, fan_out_total=len(jobs), waiting_since=ledger.now, stall_at=None)
+    ledger.move_step(step, "park", fan_out_total=len(jobs), waiting_since=ledger.now, stall_at=None)
     ledger.transition("park", RunStatus.WAITING, kind="fan_out_started", step=step, details={"jobs": len(jobs)})
     ledger.wake(step.queue)
 
@@ -309,7 +307,7 @@ def _apply_error(
             reattempt_reason = "precondition" if outcome.precondition else "exception_policy"
             ledger.move_step(
                 step,
-                StepStatus.FAILED,
+                "fail",
                 outcome=StepOutcomeKind.REATTEMPTED,
                 reattempt_reason=reattempt_reason,
                 **error_fields,
@@ -319,15 +317,15 @@ def _apply_error(
             return
     details["action"] = action
     if action == "skip":
-        ledger.move_step(step, StepStatus.SKIPPED, outcome=StepOutcomeKind.SKIPPED, **error_fields)
+        ledger.move_step(step, "skip", outcome=StepOutcomeKind.SKIPPED, **error_fields)
         continue_after(ledger, step, kind="step_skipped", actor=actor, reason=reason, details=details)
     elif action == "cancel":
-        ledger.move_step(step, StepStatus.FAILED, outcome=StepOutcomeKind.CANCELLED, **error_fields)
+        ledger.move_step(step, "fail", outcome=StepOutcomeKind.CANCELLED, **error_fields)
         ledger.transition(
             "cancel", RunStatus.CANCELLED, kind="step_failed", step=step, actor=actor, reason=reason, details=details
         )
     else:
-        ledger.move_step(step, StepStatus.FAILED, outcome=StepOutcomeKind.FAILED, **error_fields)
+        ledger.move_step(step, "fail", outcome=StepOutcomeKind.FAILED, **error_fields)
         message = f"{error_fields['error_class']}: {error_fields['error_message']}"
         _pause(ledger, step, "hold", kind="step_failed", actor=actor, reason=reason or message[:2000], details=details)
 
@@ -362,7 +360,7 @@ def stall_step(ledger: RunLedger, step: WorkflowStep, *, detection: str, cause: 
         reason = f"{error} ({streak + 1} stalled attempts in a row)"
     ledger.move_step(
         step,
-        StepStatus.FAILED,
+        "fail",
         outcome=StepOutcomeKind.STALLED,
         reattempt_reason=STALL_REATTEMPT if action == "reattempt" else "",
         error_class=_class_name(error),

@@ -50,9 +50,7 @@ def consume(ledger: RunLedger, signal: WorkflowSignal, step: WorkflowStep) -> No
 def park(ledger: RunLedger, step: WorkflowStep, names: tuple[str, ...], timeout: Any) -> None:
     """No signal yet: the attempt waits (``timeout_at`` from ``wait_timeout``), the run too."""
     timeout_at = ledger.now + timeout if timeout is not None else None
-    ledger.move_step(
-        step, StepStatus.WAITING, wait_for=list(names), waiting_since=ledger.now, timeout_at=timeout_at, stall_at=None
-    )
+    ledger.move_step(step, "park", wait_for=list(names), waiting_since=ledger.now, timeout_at=timeout_at, stall_at=None)
     details = {"wait_for": list(names), "timeout_at": timeout_at.isoformat() if timeout_at else None}
     ledger.transition("park", RunStatus.WAITING, kind="step_waiting", step=step, details=details)
 
@@ -68,7 +66,7 @@ def wake(
     **fields: Any,
 ) -> None:
     """Schedule the waiting attempt now (it runs with its signal, or timed out)."""
-    ledger.move_step(step, StepStatus.SCHEDULED, scheduled_at=ledger.now, **fields)
+    ledger.move_step(step, "wake", scheduled_at=ledger.now, **fields)
     ledger.transition("wake", RunStatus.READY, kind=kind, step=step, actor=actor, reason=reason, details=details)
     if ledger.run.status == RunStatus.READY:  # not held by a pause
         ledger.wake(step.queue)
@@ -76,7 +74,7 @@ def wake(
 
 def resolve(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome, **fields: Any) -> None:
     """End the wait with ``outcome``, applied as for any attempt (a paused run stays paused)."""
-    ledger.move_step(step, StepStatus.IN_PROGRESS, **fields)
+    ledger.move_step(step, "resolve", **fields)
     if ledger.run.status == RunStatus.WAITING:
         ledger.transition(
             "resolve", RunStatus.PERFORMING, kind="step_resolved", step=step, details={"outcome": outcome.kind}

@@ -16,6 +16,7 @@ from .exceptions import PayloadNotSerializable, PayloadTooLarge
 from .models import WorkflowRun, WorkflowStep
 from .registry import registry
 from .services.payload import encode_payload
+from .services.signals import waits_for
 from .states import ACTIVE_STEP
 
 
@@ -117,6 +118,4 @@ def _current_waits(run: WorkflowRun | None, klass: Any) -> list[str]:
     active = WorkflowStep.objects.filter(run_id=run.pk, status__in=ACTIVE_STEP).order_by("-pk").first()
     if active is None:
         return []
-    definition = klass.step_definition(active.step_name)
-    names = [*(active.wait_for or []), *(definition.wait_for if definition is not None else ())]
-    return list(dict.fromkeys(names))
+    return waits_for(klass, active)

@@ -10,7 +10,7 @@ from ..exceptions import NotOngoing, UnknownSignal
 from ..models import WorkflowSignal, WorkflowStep
 from ..registry import registry
 from ..states import TERMINAL_RUN, StepStatus
-from .ledger import RunLedger, locked_run
+from .ledger import locked_run
 from .payload import encode_payload
 from .start import MAX_KEY_LENGTH
 from .waiting import consume, wake
@@ -63,7 +63,7 @@ def deliver_signal(
         )
         ledger.event("signal_received", actor=actor, reason=reason, details={"signal": name, "signal_id": signal.pk})
         active = ledger.active_step()
-        matched = active is not None and active.status == StepStatus.WAITING and name in _waits_for(ledger, active)
+        matched = active is not None and active.status == StepStatus.WAITING and name in waits_for(ledger.cls, active)
         if matched and active is not None:
             consume(ledger, signal, active)
             wake(ledger, active, kind="step_woken", actor=actor, details={"signal": name}, signal=signal)
@@ -96,7 +96,7 @@ def check_signal_name(cls: type[Workflow], name: str) -> None:
     )
 
 
-def _waits_for(ledger: RunLedger, step: WorkflowStep) -> list[str]:
-    """The names a waiting attempt takes: those it parked with, and its step's current ones (a rename)."""
-    definition = ledger.cls.step_definition(step.step_name)
-    return [*(step.wait_for or []), *(definition.wait_for if definition is not None else ())]
+def waits_for(cls: type[Workflow], step: WorkflowStep) -> list[str]:
+    """The names a waiting attempt takes: those it parked with, then its step's current ones (a rename)."""
+    definition = cls.step_definition(step.step_name)
+    return list(dict.fromkeys([*(step.wait_for or []), *(definition.wait_for if definition is not None else ())]))

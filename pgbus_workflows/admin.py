@@ -9,12 +9,10 @@ each behind its own permission (``WorkflowRun.Meta.permissions``). The dashboard
 from __future__ import annotations
 
 import re
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.exceptions import PermissionDenied
@@ -28,6 +26,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from . import clock
+from .admin_filters import FinishedWithinFilter, RunStatusFilter, StepClassFilter, StuckFilter, WorkflowClassFilter
 from .admin_operations import OPERATIONS, Operation
 from .admin_views import (
     bulk_operation,
@@ -40,87 +39,9 @@ from .admin_views import (
     subject_link,
 )
 from .models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from .registry import registry
-from .states import RunStatus
-from .sweep import STUCK_REASONS, stuck_querysets
 
 #: A search term that may be the start of a workflow id (hex digits and dashes, 8 or more).
 UUID_START = re.compile(r"[0-9a-fA-F-]{8,36}")
-
-# -- filters ---------------------------------------------------------------------------------------
-
-
-class WorkflowClassFilter(admin.SimpleListFilter):
-    """Runs (or their attempts) of one workflow class: registered classes and stored names."""
-
-    title = _("workflow class")
-    parameter_name = "workflow_class"
-    lookup = "workflow_class"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        stored = set(WorkflowRun.objects.values_list("workflow_class", flat=True).distinct().order_by())
-        names = sorted(stored | {cls.name for cls in registry.classes()})
-        return [(name, name) for name in names]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value():
-            return queryset.filter(**{self.lookup: self.value()})
-        return queryset
-
-
-class StepClassFilter(WorkflowClassFilter):
-    """Attempts of runs of one workflow class."""
-
-    lookup = "run__workflow_class"
-
-
-class RunStatusFilter(admin.SimpleListFilter):
-    """Runs by status, as ``?status=paused`` (the dashboard links here)."""
-
-    title = _("status")
-    parameter_name = "status"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return list(RunStatus.choices)
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(status=self.value()) if self.value() else queryset
-
-
-class StuckFilter(admin.SimpleListFilter):
-    """Runs stuck for one reason, with the queries the sweep's gauge counts."""
-
-    title = _("stuck")
-    parameter_name = "stuck"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(reason, reason.replace("_", " ")) for reason in STUCK_REASONS]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        reason = self.value()
-        if not reason:
-            return queryset
-        if reason not in STUCK_REASONS:
-            raise IncorrectLookupParameters(f"Unknown stuck reason {reason!r}")
-        return queryset.filter(pk__in=stuck_querysets(clock.now())[reason].values("pk"))
-
-
-class FinishedWithinFilter(admin.SimpleListFilter):
-    """Attempts that finished recently (the dashboard's "last hour" counts link here)."""
-
-    title = _("finished within")
-    parameter_name = "finished_within"
-    periods = {"1h": 1, "24h": 24}
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("1h", _("the last hour")), ("24h", _("the last 24 hours"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        hours = self.periods.get(self.value() or "")
-        if hours is None:
-            return queryset
-        return queryset.filter(finished_at__gte=clock.now() - timedelta(hours=hours))
-
 
 # -- shared ---------------------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from django.utils.translation import gettext_lazy as _
 from . import states
 from .admin_forms import ReasonForm, ResumeAtForm, SignalForm
 from .models import WorkflowRun, WorkflowStep
-from .registry import registry
 from .services import operator
 from .services.signals import deliver_signal
 
@@ -53,22 +52,7 @@ OPERATIONS: dict[str, Operation] = {
 
 def allowed_verbs(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> frozenset[str]:
     """The verbs the run's state allows (``states.allowed_verbs``), for showing buttons only."""
-    return states.allowed_verbs(run_facts(run, active, now))
-
-
-def run_facts(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> states.RunFacts:
-    """What ``states.allowed_verbs`` needs to know about ``run`` and its active attempt."""
-    klass = registry.get(run.workflow_class)
-    return states.RunFacts(
-        status=run.status,
-        active_status=active.status if active is not None else None,
-        active_due_later=active is not None and active.scheduled_at > now,
-        active_waits_for_signal=active is not None and bool(active.wait_for),
-        class_known=klass is not None,
-        current_step_known=klass is not None and klass.step_definition(run.current_step) is not None,
-        class_has_steps=klass is not None and bool(klass.step_definitions()),
-        takes_signals=klass is None or bool(klass.signal_names()),
-    )
+    return states.allowed_verbs(operator.run_facts(run, active, now))
 
 
 def perform(op: Operation, run_pk: int, data: dict[str, Any], actor: str) -> Any:

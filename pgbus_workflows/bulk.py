@@ -58,7 +58,7 @@ def _bound(field: Field[Any, Any]) -> Prepare:
 
 def insert_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:
     """One ``INSERT`` of ``instances`` (all of one model), ``RETURNING`` their keys in order."""
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         return rows.insert_many_statement(instances, returning=returning)
     model = type(instances[0])
     params = []
@@ -75,7 +75,7 @@ def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[S
 
     Each row appears once (the caller merges the fields of a row changed twice).
     """
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         return [rows.update_statement(instance, sorted(names)) for instance, names in changes]
     groups: dict[tuple[type[Model], frozenset[str]], list[Model]] = {}
     for instance, names in changes:
@@ -120,7 +120,7 @@ class WriteBatch:
     def send(self, channel: str) -> None:
         """Run every deferred write (inside the caller's transaction)."""
         head = update_statements([(obj, frozenset(names)) for obj, names in self._changes.values()])
-        if connection.vendor != "postgresql":
+        if not sql.postgresql():
             sql.run_batch(head)
             for instance in self.inserts:
                 rows.insert(instance)

@@ -18,7 +18,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.utils import timezone
 
 from . import sql
@@ -55,7 +55,7 @@ def forget() -> None:
 def _read() -> tuple[datetime, float] | None:
     """Read the server's clock on this thread's connection; keep the previous reading on failure."""
     global _anchor
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         return None
     try:
         with sql.cursor() as cursor:

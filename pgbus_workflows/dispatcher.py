@@ -29,9 +29,9 @@ from typing import Any
 import psycopg
 from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Min
-from psycopg import sql
+from psycopg import sql as psql
 
-from . import clock
+from . import clock, sql
 from .conf import settings
 from .deploy import catalog
 from .migrated import require_migrated
@@ -110,7 +110,7 @@ class WorkflowDispatcher:
             if self.sweep:
                 every = settings.SWEEP_INTERVAL.total_seconds()
                 self._start_thread("pgbus-sweep", partial(self._every, "Sweep", every, self.sweeper.run))
-            if connection.vendor == "postgresql" and not self.sweep_only:
+            if sql.postgresql() and not self.sweep_only:
                 self._start_thread("pgbus-listener", self._listen)
         with _stop_signals(self._on_signal):
             try:
@@ -294,7 +294,7 @@ class WorkflowDispatcher:
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(**connection_params(), autocommit=True) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(channel)))
                     if not probed:
                         probed = True
                         if not probe_listen(conn, channel):

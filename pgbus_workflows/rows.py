@@ -23,6 +23,7 @@ M = TypeVar("M", bound=Model)
 N = TypeVar("N", bound=Model)
 _defaults: dict[type[Model], list[tuple[str, Any, Any]]] = {}
 _converters: dict[tuple[type[Model], str, str], list[tuple[str, Any, list[Any]]]] = {}
+_insert_fields: dict[type[Model], list[Field[Any, Any]]] = {}
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
@@ -66,6 +67,37 @@ def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = 
     for name, value in zip(computed, row[1:], strict=True):
         setattr(instance, name, value)
     return instance
+
+
+def insert_run(run: Model, step: Model, event: Model, notify: tuple[str, str]) -> bool:
+    """Insert a new run with its first attempt and its first event, and ``NOTIFY`` (PostgreSQL).
+
+    One statement (``sql`` ``start_run``); False, and nothing written, when a unique index
+    refuses the run. The attempt's and the event's ``run`` is the new run; keys are set.
+    """
+    params: list[Any] = []
+    for instance in (run, step, event):
+        for field in _insertable(type(instance)):
+            if instance is not run and field.attname == "run_id":
+                continue
+            params.append(field.get_db_prep_save(field.pre_save(instance, True), connection))
+    with sql.cursor() as cursor:
+        cursor.execute(sql.statement("start_run"), [*params, *notify])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    mark_saved(run, row[0])
+    mark_saved(step, row[1])
+    for child in (step, event):
+        child.run_id = row[0]  # type: ignore[attr-defined]
+    return True
+
+
+def _insertable(model: type[Model]) -> list[Field[Any, Any]]:
+    fields = _insert_fields.get(model)
+    if fields is None:
+        fields = _insert_fields[model] = [f for f in model._meta.concrete_fields if not f.primary_key]
+    return fields
 
 
 def insert_many_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:

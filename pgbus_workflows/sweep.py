@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Subquery
 
 from . import clock, signals, sql
@@ -128,7 +128,7 @@ def delete_expired_runs(now: datetime, batch_size: int = BATCH_SIZE, max_batches
 
 def _delete_runs(ids: list[int]) -> None:
     """Delete terminal runs; on PostgreSQL one statement, the database cascading to their rows."""
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         WorkflowRun.objects.filter(pk__in=ids, status__in=TERMINAL_RUN).delete()
         return
     with sql.cursor() as cursor:
@@ -233,7 +233,7 @@ class Sweeper:
     def run(self, now: datetime | None = None, *, force_cleanup: bool = False) -> dict[str, Any] | None:
         """Run every due phase; None when another dispatcher is sweeping."""
         now = now or clock.now()
-        lock = TransactionLock(SWEEP_LOCK_KEY) if connection.vendor == "postgresql" else None
+        lock = TransactionLock(SWEEP_LOCK_KEY) if sql.postgresql() else None
         if lock is not None and not lock.acquire():
             return None
         try:

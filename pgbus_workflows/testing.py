@@ -30,7 +30,7 @@ from .services import fanout, operator
 from .services.claims import claim_step
 from .services.executor import execute_step
 from .services.fanout import claim_job, execute_job
-from .services.ledger import locked_run
+from .services.locks import locked_run
 from .services.waiting import fire_timeout, waiting_step
 from .states import RunStatus, StepStatus
 from .workflow import Workflow

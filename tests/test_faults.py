@@ -26,7 +26,7 @@ from pgbus_workflows.services.body import Chain
 from pgbus_workflows.services.claims import claim_due_steps, claim_step, stall
 from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job, record_job_ends, run_job
-from pgbus_workflows.services.ledger import RunLocked
+from pgbus_workflows.services.locks import RunLocked
 from pgbus_workflows.services.payload import storable_text
 from pgbus_workflows.sweep import Sweeper, delete_expired_runs
 from pgbus_workflows.workers import WorkerPool

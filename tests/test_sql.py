@@ -65,7 +65,7 @@ def test_query_counting_and_logging_see_the_pipelined_statements():
         head = sql.statement(name, *variant).split("%s")[0]
         return any(text.startswith(head) for text in logged)
 
-    assert was_logged("due_jobs", None, 0), logged
+    assert was_logged("due_jobs", False, False), logged
     assert was_logged("start_jobs"), logged  # run in a pipeline, on a server-binding cursor
     for job in jobs:
         execute_job(job)
@@ -82,15 +82,14 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         "lock": (WorkflowRun, ("id",), True),
         "lock_pair": (WorkflowRun, WorkflowStep, "run_id"),
         "lock_pairs": (WorkflowRun, WorkflowStep, "run_id"),
-        "due_steps": (0, 2),
-        "steps_in_progress": (None,),
-        "due_jobs": (1, 1),
+        "due_steps": (True, 2),
+        "due_jobs": (True, True),
     }
     for name in BUILDERS:
         text = sql.statement(name, *samples.get(name, ()))
         assert isinstance(text, str) and text.strip(), name
     assert all(key[:2] == (connection.alias, connection.vendor) for key in sql._cache)
-    assert "'scheduled'" in sql.statement("due_steps", 0, 0) and "'ready'" in sql.statement("due_steps", 0, 0)
+    assert "'scheduled'" in sql.statement("due_steps", False, 0) and "'ready'" in sql.statement("due_steps", False, 0)
     assert "varchar(" not in sql.statement("unnest_update", WorkflowStep, ("step_name",))  # no length in casts
 
 
@@ -114,3 +113,33 @@ def test_no_module_outside_sql_writes_a_statement_of_its_own():
         if lines:
             offenders[relative] = lines
     assert offenders == {}, f"hand-written SQL outside pgbus_workflows/sql: {offenders}"
+
+
+#: Modules that ask about the database vendor themselves: the schema's own DDL, and the system
+#: checks (which report on the vendor).
+OWN_VENDOR = {"schema.py", "checks.py"}
+
+
+def _vendor_branches(tree: ast.AST) -> list[int]:
+    """Lines that compare ``<something>.vendor`` with a value: a branch on the database."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(isinstance(part, ast.Attribute) and part.attr == "vendor" for part in [node.left, *node.comparators])
+    ]
+
+
+def test_the_question_of_vendor_is_asked_in_one_place():
+    """Everywhere else calls ``sql.postgresql()``: what differs on SQLite is visible in one search."""
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(("sql/", "migrations/")) or relative in OWN_VENDOR:
+            continue
+        lines = _vendor_branches(ast.parse(path.read_text()))
+        if lines:
+            offenders[relative] = lines
+    assert offenders == {}, f"vendor branches outside pgbus_workflows/sql: {offenders}"
+    planted = ast.parse('if connection.vendor == "postgresql":\n    pass\n')
+    assert _vendor_branches(planted) == [1]  # the check sees what it looks for

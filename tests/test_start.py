@@ -11,6 +11,7 @@ import pytest
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from pgbus_workflows import (
@@ -151,6 +152,32 @@ def test_start_writes_the_run_its_first_step_and_a_started_event(order):
     assert event.step is None
     assert event.to_status == "ready"
     assert event.details == {"arguments": {"warehouses": [1, 2]}}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", [None, "one-trip"])
+def test_outside_a_transaction_start_is_one_statement(key):
+    """One round trip on PostgreSQL: the run, its first attempt, its event and the NOTIFY."""
+    order = Order.objects.create()
+    with CaptureQueriesContext(connection) as queries:
+        wf = StartTwoSteps.start(order, idempotency_key=key)
+    assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]
+    assert "pg_notify" in queries.captured_queries[0]["sql"]
+    assert _counts() == (1, 1, 1)
+    assert WorkflowStep.objects.get().run_id == wf.record.pk == WorkflowEvent.objects.get().run_id
+    assert WorkflowEvent.objects.get().kind == "started"
+
+
+def test_a_refused_start_inside_the_callers_transaction_leaves_it_usable(order):
+    """No savepoint, and none needed: a refused insert raises nothing in the database."""
+    holder = StartTwoSteps.start(order)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries:
+            with pytest.raises(AlreadyRunning) as raised:
+                StartTwoSteps.start(order)
+        assert raised.value.workflow.workflow_id == holder.workflow_id
+        assert not any("SAVEPOINT" in q["sql"] for q in queries.captured_queries), queries.captured_queries
+        assert _counts() == (1, 1, 1)  # the transaction still works, and nothing was added
 
 
 def test_queue_and_priority_come_from_the_class_step_options(order):

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..models import WorkflowStep
 from .body import Chain, log_outcome
-from .ledger import locked_steps, workflow_class
+from .ledger import workflow_class
+from .locks import locked_steps
 from .outcome import StepOutcome, apply_outcome, error_message
 from .transactions import CONNECTION_ERRORS, commit_once
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from .. import clock, sql
 from ..conf import settings
@@ -26,7 +26,7 @@ from ..states import StepStatus
 from .applying import apply_instead
 from .body import Chain, log_outcome, run_body
 from .claims import stall
-from .ledger import locked_step
+from .locks import locked_step
 from .outcome import StepOutcome, apply_outcome, stall_step
 from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
 
@@ -124,7 +124,7 @@ def _run_in_savepoint(workflow: Workflow, step: WorkflowStep) -> StepOutcome:
 
 def _bound_transaction(seconds: float | None) -> None:
     """Bound what follows in this transaction to ``seconds`` (None: no bound, for our own writes)."""
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         return
     value = "0" if seconds is None else f"{max(int(seconds * 1000), 1)}ms"
     with sql.cursor() as cursor:
@@ -137,7 +137,7 @@ def _check_deferred_constraints(outcome: StepOutcome) -> StepOutcome:
     Otherwise a dangling foreign key would only fail at the outcome's COMMIT, after the
     outcome was applied: the error must roll the body back and go to the policy instead.
     """
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         return outcome
     try:
         with transaction.atomic(), sql.cursor() as cursor:

@@ -11,14 +11,15 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 
 from .. import clock, rows, sql
 from ..conf import settings
 from ..deploy import can_run_step
 from ..models import WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
-from .ledger import RunLedger, locked_step, locked_steps
+from .ledger import RunLedger
+from .locks import locked_step, locked_steps
 from .outcome import stall_step
 
 
@@ -64,16 +65,22 @@ def _due_rows(
     and a run another dispatcher (or an operator) holds is passed over, not waited for.
     The order is the partial index ``pgbus_wf_step_due``'s; ``unknown`` pairs are left out.
     """
-    postgresql = connection.vendor == "postgresql"
-    shape = None if queues is None else (len(queues) if not postgresql else 0)
-    params: list[Any] = [connection.ops.adapt_datetimefield_value(now)]
-    if queues is not None:
-        params.extend([queues] if postgresql else queues)
+    if not sql.postgresql():  # SQLite: one process writes at a time, there is nothing to skip
+        due = WorkflowStep.objects.filter(
+            status=StepStatus.SCHEDULED, scheduled_at__lte=now, run__status=RunStatus.READY
+        )
+        if queues is not None:
+            due = due.filter(queue__in=queues)
+        for klass, name in unknown:
+            due = due.exclude(run__workflow_class=klass, step_name=name)
+        due = due.order_by("priority", "scheduled_at", "pk")
+        return list(due.values_list("pk", "run_id", "run__workflow_class", "step_name")[:limit])
+    params: list[Any] = [now, *([] if queues is None else [queues])]
     for pair in unknown:
         params.extend(pair)
     params.append(limit)
     with sql.cursor() as cursor:
-        cursor.execute(sql.statement("due_steps", shape, len(unknown)), params)
+        cursor.execute(sql.statement("due_steps", queues is not None, len(unknown)), params)
         return [(row[0], row[1], row[2], row[3]) for row in cursor.fetchall()]
 
 
@@ -130,10 +137,11 @@ def still_in_progress(step_pks: Sequence[int]) -> set[int]:
     """Which of these claimed attempts are still in progress (not cancelled or stalled since)."""
     if not step_pks:
         return set()
-    postgresql = connection.vendor == "postgresql"
+    if not sql.postgresql():
+        running = WorkflowStep.objects.filter(pk__in=step_pks, status=StepStatus.IN_PROGRESS)
+        return set(running.values_list("pk", flat=True))
     with sql.cursor() as cursor:
-        text = sql.statement("steps_in_progress", None if postgresql else len(step_pks))
-        cursor.execute(text, [list(step_pks)] if postgresql else list(step_pks))
+        cursor.execute(sql.statement("steps_in_progress"), [list(step_pks)])
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -155,7 +163,7 @@ def heartbeat(step: WorkflowStep) -> bool:
 def stall(step_pk: int, run_pk: int, *, detection: str, now: datetime | None = None, skip_locked: bool = False) -> bool:
     """Stall one in-progress attempt, re-checked under the run lock; False when it moved on.
 
-    ``skip_locked`` (the sweep) raises :class:`~.ledger.RunLocked` rather than wait for a
+    ``skip_locked`` (the sweep) raises :class:`~.locks.RunLocked` rather than wait for a
     run another transaction holds: a held run is alive (an ``atomic=True`` body runs).
     """
     with locked_step(run_pk, step_pk, now=now, skip_locked=skip_locked) as (ledger, step):

@@ -24,7 +24,8 @@ from ..registry import registry
 from ..states import RunStatus, StepStatus
 from . import waiting
 from .isolation import RowFailures
-from .ledger import SYSTEM_ACTOR, locked_step
+from .ledger import SYSTEM_ACTOR
+from .locks import locked_step
 from .outcome import StepOutcome
 
 BATCH_SIZE = 500

@@ -21,7 +21,8 @@ from .applying import apply_outcomes
 from .atomic import execute_atomic
 from .body import Chain, run_body
 from .claims import claim_due_steps, still_in_progress
-from .ledger import locked_step, workflow_class
+from .ledger import workflow_class
+from .locks import locked_step
 from .outcome import StepOutcome
 from .transactions import with_reconnect
 

@@ -31,7 +31,8 @@ from ..states import RunStatus, StepStatus, job_event
 from . import waiting
 from .body import Chain
 from .isolation import RowFailures
-from .ledger import RunLedger, locked_step, workflow_class
+from .ledger import RunLedger, workflow_class
+from .locks import locked_step
 from .outcome import StepOutcome
 from .payload import encode_payload, storable_text
 from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
@@ -72,22 +73,19 @@ def _due_jobs(
     limit: int, queues: list[str] | None, now: datetime, cutoff: datetime, unknown: list[str]
 ) -> list[tuple[int, str, datetime]]:
     """``(id, function, scheduled_at)`` of due pending jobs, locked; ``unknown`` functions left out until ``cutoff``."""
-    adapt = connection.ops.adapt_datetimefield_value
-    params: list[Any] = [adapt(now), *(queues or [])]
-    if unknown:
-        params.extend([*unknown, adapt(cutoff)])
-    text = sql.statement("due_jobs", None if queues is None else len(queues), len(unknown))
+    if not sql.postgresql():  # SQLite: one process writes at a time, there is nothing to skip
+        due = FanOutJob.objects.filter(status=JobStatus.PENDING, scheduled_at__lte=now)
+        if queues is not None:
+            due = due.filter(queue__in=queues)
+        if unknown:
+            due = due.exclude(function__in=unknown, scheduled_at__gt=cutoff)
+        due = due.order_by("priority", "scheduled_at", "pk")
+        return list(due.values_list("pk", "function", "scheduled_at")[:limit])
+    params: list[Any] = [now, *([] if queues is None else [queues]), *([unknown, cutoff] if unknown else [])]
+    text = sql.statement("due_jobs", queues is not None, bool(unknown))
     with sql.cursor() as cursor:
         cursor.execute(text, [*params, limit])
-        found = cursor.fetchall()
-    column = FanOutJob._meta.get_field("scheduled_at").get_col(FanOutJob._meta.db_table)
-    convert = connection.ops.get_db_converters(column)
-    result = []
-    for pk, path, at in found:
-        for converter in convert:
-            at = converter(at, column, connection)
-        result.append((pk, path, at))
-    return result
+        return [(pk, path, at) for pk, path, at in cursor.fetchall()]
 
 
 def claim_job(job_pk: int, claimed_by: str = "") -> FanOutJob | None:
@@ -103,7 +101,7 @@ def _start(ids: list[int], now: datetime, claimed_by: str) -> list[FanOutJob]:
     """Move the locked pending jobs to running (one statement on PostgreSQL), in claim order."""
     if not ids:
         return []
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         source, target = job_event("claim")
         jobs = list(FanOutJob.objects.select_related("step").filter(pk__in=ids, status=source))
         for job in jobs:
@@ -205,7 +203,7 @@ def _finish_many(ends: list[JobEnd]) -> dict[int, str]:
     """Record succeeded attempts still running (one statement); ``{job pk: "succeeded"}`` for those."""
     if not ends:
         return {}
-    if connection.vendor != "postgresql" or len(ends) == 1:
+    if not sql.postgresql() or len(ends) == 1:
         return {e.job.pk: JobStatus.SUCCEEDED for e in ends if _finish(e.job, JobStatus.SUCCEEDED, result=e.result)}
     result_field = FanOutJob._meta.get_field("result")
     results = [result_field.get_db_prep_save(end.result, connection) for end in ends]
@@ -252,7 +250,7 @@ def unfinished(step_pk: int) -> bool:
 def resolve_if_done(step_pk: int, run_pk: int, *, skip_locked: bool = False) -> bool:
     """Resolve the fan-out when no job is left; True for the one caller whose resolution won.
 
-    ``skip_locked`` (the sweep): raise :class:`~.ledger.RunLocked` rather than wait for the run.
+    ``skip_locked`` (the sweep): raise :class:`~.locks.RunLocked` rather than wait for the run.
     """
     if unfinished(step_pk):
         return False

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from .. import clock
 from ..models import WorkflowEvent, WorkflowRun
-from .ledger import SYSTEM_ACTOR, RunLocked
+from .ledger import SYSTEM_ACTOR
+from .locks import RunLocked
 from .outcome import error_message
 from .transactions import CONNECTION_ERRORS
 

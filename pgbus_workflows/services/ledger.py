@@ -1,18 +1,16 @@
-"""The run lock and what is written under it: transitions, events, new step rows, NOTIFY.
+"""What is written under a run's lock: transitions, events, new step rows, NOTIFY.
 
-Every state move of a run happens inside :func:`locked_run`: the run's row is locked
-(``SELECT ... FOR UPDATE``) before any of its steps, always in that order, and the
-transitions, the events and the wake-up are written in the same transaction.
+A :class:`RunLedger` holds one locked run (:mod:`.locks` takes the locks) and collects
+what a unit of work changes: checked transitions of the run and its attempts, events,
+new attempts and wake-ups, all written together when the unit ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Max
 
 from .. import clock, rows, signals, sql
@@ -133,26 +131,39 @@ class RunLedger:
         transition: tuple[str, str, str] | None = None,
     ) -> None:
         """Record an audit event (written with the rest of the unit of work)."""
+        self._events.append(
+            self.new_event(kind, actor=actor, reason=reason, step=step, details=details, transition=transition)
+        )
+
+    def new_event(
+        self,
+        kind: str,
+        *,
+        actor: str | None = None,
+        reason: str | None = None,
+        step: WorkflowStep | None = None,
+        details: dict[str, Any] | None = None,
+        transition: tuple[str, str, str] | None = None,
+    ) -> WorkflowEvent:
+        """An audit event of this run, unsaved (:meth:`event` records one with the unit of work)."""
         if actor is not None and len(actor) > MAX_ACTOR_LENGTH:
             # Raised inside the unit of work: its transaction rolls back, nothing is written.
             raise ValueError(f"actor must be at most {MAX_ACTOR_LENGTH} characters, got {len(actor)}")
         name, source, target = transition or ("", "", "")
         if reason:
             reason = storable_text(reason)
-        self._events.append(
-            rows.build(
-                WorkflowEvent,
-                run=self.run,
-                step=step,
-                kind=kind,
-                transition=name,
-                from_status=source,
-                to_status=target,
-                actor=actor or SYSTEM_ACTOR,
-                reason=reason or "",
-                details=details or {},
-                created_at=self.now,
-            )
+        return rows.build(
+            WorkflowEvent,
+            run=self.run,
+            step=step,
+            kind=kind,
+            transition=name,
+            from_status=source,
+            to_status=target,
+            actor=actor or SYSTEM_ACTOR,
+            reason=reason or "",
+            details=details or {},
+            created_at=self.now,
         )
 
     def send(self, signal: Any, **kwargs: Any) -> None:
@@ -206,30 +217,8 @@ class RunLedger:
             attempt = (previous.aggregate(n=Max("attempt"))["n"] or 0) + 1
         if wait is None:
             wait = resolve_wait(definition.wait, attempt or 1)
-        queue = definition.queue or self.cls.step_options.get("queue") or settings.DEFAULT_QUEUE
-        carry = (
-            bool(definition.wait_for)
-            and retry_of is not None
-            and retry_of.step_name == definition.name
-            # A wait that itself timed out (on_timeout="pause") waits again when resumed.
-            and not retry_of.error_class.endswith(WaitTimedOut.__name__)
-        )
-        priority = definition.priority
-        if priority is None:
-            priority = self.cls.step_options.get("priority", 0)
-        step = rows.build(
-            WorkflowStep,
-            run=self.run,
-            step_name=definition.name,
-            attempt=attempt or 1,
-            queue=queue,
-            priority=priority,
-            scheduled_at=self.now + wait,
-            timeout=definition.timeout,
-            created_at=self.now,
-            signal_id=retry_of.signal_id if carry and retry_of is not None else None,
-            timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
-        )
+        step = self.new_attempt(definition, attempt or 1, wait, retry_of)
+        queue = step.queue
         chained = self._may_chain(queue, wait)
         if chained and self.claim_for is not None:
             step.status = StepStatus.IN_PROGRESS
@@ -245,6 +234,35 @@ class RunLedger:
             self._queues.add(queue)
         self.scheduled = step
         return step
+
+    def new_attempt(
+        self, definition: StepDefinition, attempt: int, wait: timedelta, retry_of: WorkflowStep | None = None
+    ) -> WorkflowStep:
+        """An attempt of ``definition`` due after ``wait``, unsaved (:meth:`schedule` inserts one)."""
+        queue = definition.queue or self.cls.step_options.get("queue") or settings.DEFAULT_QUEUE
+        carry = (
+            bool(definition.wait_for)
+            and retry_of is not None
+            and retry_of.step_name == definition.name
+            # A wait that itself timed out (on_timeout="pause") waits again when resumed.
+            and not retry_of.error_class.endswith(WaitTimedOut.__name__)
+        )
+        priority = definition.priority
+        if priority is None:
+            priority = self.cls.step_options.get("priority", 0)
+        return rows.build(
+            WorkflowStep,
+            run=self.run,
+            step_name=definition.name,
+            attempt=attempt,
+            queue=queue,
+            priority=priority,
+            scheduled_at=self.now + wait,
+            timeout=definition.timeout,
+            created_at=self.now,
+            signal_id=retry_of.signal_id if carry and retry_of is not None else None,
+            timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
+        )
 
     def _may_chain(self, queue: str, wait: timedelta) -> bool:
         chain = self.claim_for
@@ -296,7 +314,7 @@ class RunLedger:
         if self._events:
             statements.append(rows.insert_many_statement(link(self._events)))  # steps inserted since
             self._events = []
-        if connection.vendor == "postgresql":
+        if sql.postgresql():
             notify = sql.statement("notify")
             statements += [(notify, [settings.NOTIFY_CHANNEL, q]) for q in sorted(self._queues)]
         self._queues.clear()
@@ -320,109 +338,3 @@ Unit = tuple[RunLedger | None, WorkflowStep | None]
 def _send_all(sender: str, pending: list[tuple[Any, dict[str, Any]]]) -> None:
     for signal, kwargs in pending:
         signal.send(sender=sender, **kwargs)
-
-
-class RunLocked(Exception):
-    """``skip_locked``: another transaction holds the run (a body, an operator): it is alive."""
-
-
-@contextmanager
-def locked_step(
-    run_pk: int, step_pk: int, *, now: datetime | None = None, savepoint: bool = True, skip_locked: bool = False
-) -> Iterator[tuple[RunLedger, WorkflowStep | None]]:
-    """Lock run ``run_pk``, then its step ``step_pk`` (None when it is gone), for a unit of work.
-
-    On PostgreSQL both locks take one round trip; the order is run, then step, as always.
-    ``skip_locked`` (the sweep) raises :class:`RunLocked` instead of waiting for a run that
-    another transaction holds. ``savepoint=False`` joins the caller's transaction as it is.
-    """
-    with transaction.atomic(savepoint=savepoint):
-        pair = None
-        if skip_locked:
-            run = rows.lock(WorkflowRun, {"id": run_pk}, skip_locked=True)
-            if run is None:
-                if WorkflowRun.objects.filter(pk=run_pk).exists():
-                    raise RunLocked(f"Run {run_pk} is locked by another transaction")
-                raise WorkflowRun.DoesNotExist(f"No workflow run with pk {run_pk}")
-            ledger = RunLedger(run, now)
-            yield ledger, ledger.lock_step(step_pk)
-            ledger.flush()
-            return
-        if connection.vendor == "postgresql":
-            pair = rows.lock_pair(WorkflowRun, WorkflowStep, "run_id", run_pk, step_pk)
-        if pair is not None:
-            ledger = RunLedger(pair[0], now)
-            yield ledger, pair[1]
-        else:
-            run = rows.lock(WorkflowRun, {"id": run_pk})
-            if run is None:
-                raise WorkflowRun.DoesNotExist(f"No workflow run with pk {run_pk}")
-            ledger = RunLedger(run, now)
-            yield ledger, ledger.lock_step(step_pk)
-        ledger.flush()
-
-
-@contextmanager
-def locked_steps(
-    items: Sequence[tuple[int, int, str | None]], *, now: datetime | None = None, savepoint: bool = True
-) -> Iterator[list[Unit]]:
-    """Lock several runs and one step of each, for units of work written together.
-
-    ``items`` are ``(run pk, step pk, name of the step that may be scheduled next)``, one
-    per run. Runs are locked in key order, then their steps. Each item gets a unit, in the
-    order of ``items``: its ledger and its step (the step is None when it is gone, the
-    ledger too when the run is). The units' writes are sent together when the block ends:
-    four round trips with the commit, for any number of units. ``savepoint=False`` joins the
-    caller's transaction as it is (the caller rolls back everything on an error).
-    """
-    if connection.vendor != "postgresql":
-        with transaction.atomic(savepoint=savepoint):
-            units: list[Unit] = []
-            for run_pk, step_pk, _ in sorted(items):
-                run = rows.lock(WorkflowRun, {"id": run_pk})
-                ledger = None if run is None else RunLedger(run, now)
-                units.append((ledger, None if ledger is None else ledger.lock_step(step_pk)))
-            by_step = {step_pk: unit for (_, step_pk, _), unit in zip(sorted(items), units, strict=True)}
-            units = [by_step[step_pk] for _, step_pk, _ in items]
-            yield units
-            for ledger, _ in units:
-                if ledger is not None:
-                    ledger.flush()
-        return
-    names = sorted({name for _, _, name in items if name})
-    attempts = (sql.statement("latest_attempts"), [[run_pk for run_pk, _, _ in items], names])
-    with transaction.atomic(savepoint=savepoint):
-        locked, counts = rows.lock_pairs(
-            WorkflowRun, WorkflowStep, "run_id", [(r, s) for r, s, _ in items], then=attempts if names else None
-        )
-        latest = {(run_pk, name): n for run_pk, name, n in counts}
-        writes = WriteBatch()
-        units = []
-        for run_pk, step_pk, name in items:
-            pair = locked.get(step_pk)
-            if pair is None:
-                run = rows.lock(WorkflowRun, {"id": run_pk})  # the step is gone (or the run)
-                units.append((None if run is None else RunLedger(run, now, writes=writes), None))
-                continue
-            next_attempts = {name: latest.get((run_pk, name), 0) + 1} if name else None
-            units.append((RunLedger(pair[0], now, writes=writes, next_attempts=next_attempts), pair[1]))
-        yield units
-        for ledger, _ in units:
-            if ledger is not None:
-                ledger.flush()
-        writes.send(settings.NOTIFY_CHANNEL)
-
-
-@contextmanager
-def locked_run(pk: int, *, now: datetime | None = None) -> Iterator[RunLedger]:
-    """Lock run ``pk`` for a unit of work; everything is written when the block ends.
-
-    Raises ``WorkflowRun.DoesNotExist`` when there is no such run.
-    """
-    with transaction.atomic():
-        run = rows.lock(WorkflowRun, {"id": pk})
-        if run is None:
-            raise WorkflowRun.DoesNotExist(f"No workflow run with pk {pk}")
-        ledger = RunLedger(run, now)
-        yield ledger
-        ledger.flush()

@@ -1,20 +1,22 @@
 """The operator verbs: pause, resume, resume_at, cancel, rerun, run_now, skip.
 
-Each locks the run, checks the move against the transition table, writes an event with
-its ``actor`` and ``reason``, and returns the run row as it now is. The handle, the admin
-and the test helpers all call these.
+Each locks the run, asks :func:`states.allowed_verbs` whether the run's state admits the
+verb (the same answer the admin's buttons and the CLI show), moves it through the transition
+table, writes an event with its ``actor`` and ``reason``, and returns the run row as it now
+is. The handle, the admin and the test helpers all call these.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from ..exceptions import InvalidTransition, NotPaused, StepNotDefined
 from ..models import WorkflowRun, WorkflowStep
 from ..registry import registry
-from ..states import TERMINAL_RUN, RunStatus, StepOutcomeKind, StepStatus
+from ..states import TERMINAL_RUN, RunFacts, RunStatus, StepOutcomeKind, StepStatus, allowed_verbs
 from . import fanout, waiting
-from .ledger import RunLedger, locked_run
+from .ledger import RunLedger
+from .locks import locked_run
 from .outcome import StepOutcome, continue_after, return_signal
 from .payload import load_subject
 from .start import start_run
@@ -32,6 +34,7 @@ _RESUMED_STATUS = {
 def pause(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
     """Pause a ready, waiting or performing run; a running step finishes, nothing new starts."""
     with locked_run(pk) as ledger:
+        _admit(ledger, "pause")
         ledger.transition("pause", RunStatus.PAUSED, kind="paused", actor=actor or DEFAULT_ACTOR, reason=reason)
         ledger.set_run(paused_reason=reason or "")
     return ledger.run
@@ -40,15 +43,11 @@ def pause(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wo
 def resume(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
     """Resume a paused run: its scheduled step keeps its time; a failed or paused step runs again now."""
     with locked_run(pk) as ledger:
-        _require_paused(ledger, "resume")
-        active = ledger.active_step()
+        active = _admit(ledger, "resume")
         if active is None:
             definition = ledger.cls.step_definition(ledger.run.current_step)
-            if definition is None:
-                raise StepNotDefined(
-                    f"Cannot resume {ledger.run.workflow_id}: its step {ledger.run.current_step!r} is not defined in "
-                    f"{ledger.run.workflow_class}; resume_at() another step or cancel it"
-                )
+            if definition is None:  # never admitted without one (states.RunFacts.current_step_known)
+                raise StepNotDefined(f"Cannot resume {ledger.run.workflow_id}: its step is not defined")
             active = ledger.schedule(definition, wait=timedelta(0), retry_of=_last_attempt(ledger))
         elif active.status == StepStatus.SCHEDULED:
             ledger.wake(active.queue)
@@ -68,9 +67,8 @@ def resume(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
 def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
     """Resume a paused run at ``step_name``, due now; its active attempt (if any) is cancelled."""
     with locked_run(pk) as ledger:
-        _require_paused(ledger, "resume_at")
+        active = _admit(ledger, "resume_at")
         definition = ledger.cls.require_step(step_name)
-        active = ledger.active_step()
         if active is not None:
             _return_unused_signal(ledger, active, "resume_at")
             ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
@@ -91,9 +89,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
 def cancel(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
     """Cancel an ongoing run; its active attempt is cancelled (a running body's outcome is discarded)."""
     with locked_run(pk) as ledger:
-        if ledger.run.status in TERMINAL_RUN:
-            raise InvalidTransition(f"Cannot cancel a {ledger.run.status} workflow")
-        active = ledger.active_step()
+        active = _admit(ledger, "cancel")
         if active is not None:
             ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
             fanout.cancel_pending_jobs(active)
@@ -105,16 +101,9 @@ def cancel(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
 
 def rerun(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
     """Start a new run with a finished or cancelled run's class, subject and arguments."""
-
     with locked_run(pk) as ledger:
+        _admit(ledger, "rerun")
         old = ledger.run
-        if old.status not in TERMINAL_RUN:
-            hint = "resume it" if old.status == RunStatus.PAUSED else "cancel it first"
-            raise InvalidTransition(
-                f"Cannot rerun a {old.status} workflow: only finished or cancelled runs rerun ({hint})"
-            )
-        if registry.get(old.workflow_class) is None:
-            raise InvalidTransition(f"Cannot rerun: workflow class {old.workflow_class!r} is not registered")
         subject = load_subject(old.subject_type, old.subject_id)
         if old.subject_type and subject is None:
             raise InvalidTransition(f"Cannot rerun: its subject {old.subject_type} {old.subject_id} no longer exists")
@@ -128,10 +117,10 @@ def rerun(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wo
 def run_now(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
     """Make the run's scheduled step due now (its ``wait`` is cut short)."""
     with locked_run(pk) as ledger:
-        if ledger.run.status in TERMINAL_RUN:
-            raise InvalidTransition(f"Cannot run_now a {ledger.run.status} workflow")
-        active = ledger.active_step()
-        if active is not None and active.status == StepStatus.WAITING and active.wait_for:
+        active = _admit(ledger, "run_now")
+        if active is None:  # never admitted without one: a scheduled attempt due later, or one waiting
+            raise InvalidTransition(f"Cannot run_now a {ledger.run.status} workflow: no scheduled step")
+        if active.status == StepStatus.WAITING:
             # A wait_for step runs now as if its wait_timeout had passed with on_timeout="run".
             ledger.event(
                 "run_now",
@@ -150,11 +139,6 @@ def run_now(pk: int, *, actor: str | None = None, reason: str | None = None) -> 
                 timed_out=True,
             )
             return ledger.run
-        if active is None or active.status != StepStatus.SCHEDULED:
-            state = "no scheduled step" if active is None else f"its step {active.step_name} is {active.status}"
-            raise InvalidTransition(f"Cannot run_now a {ledger.run.status} workflow: {state}")
-        if active.scheduled_at <= ledger.now:
-            raise InvalidTransition(f"Cannot run_now: step {active.step_name} is already due")
         ledger.event(
             "run_now",
             actor=actor or DEFAULT_ACTOR,
@@ -173,12 +157,7 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
     with locked_run(pk) as ledger:
         run = ledger.run
         actor = actor or DEFAULT_ACTOR
-        if run.status not in (RunStatus.READY, RunStatus.PAUSED, RunStatus.WAITING):
-            why = ": its step is running" if run.status == RunStatus.PERFORMING else ""
-            raise InvalidTransition(f"Cannot skip on a {run.status} workflow{why}")
-        active = ledger.active_step()
-        if active is not None and active.status not in (StepStatus.SCHEDULED, StepStatus.WAITING):
-            raise InvalidTransition(f"Cannot skip on a {run.status} workflow: its step is {active.status}")
+        active = _admit(ledger, "skip")
         if run.status == RunStatus.WAITING and active is not None:
             fanout.cancel_pending_jobs(active)
             waiting.resolve(ledger, active, StepOutcome("skip", actor=actor, reason=reason))
@@ -186,11 +165,6 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
         current = active or _last_attempt(ledger)
         if current is None:
             raise InvalidTransition(f"Cannot skip on workflow {run.workflow_id}: it has no step")
-        if ledger.cls.step_definition(current.step_name) is None:
-            raise StepNotDefined(
-                f"Cannot skip {run.workflow_id}: its step {current.step_name!r} is not defined in "
-                f"{run.workflow_class}, so there is no next step to go to; resume_at() another step or cancel it"
-            )
         if run.status == RunStatus.PAUSED:
             ledger.transition("resume", RunStatus.READY, kind="resumed", actor=actor, reason=reason, step=active)
         if active is not None:
@@ -209,9 +183,67 @@ def _return_unused_signal(ledger: RunLedger, step: WorkflowStep, why: str) -> No
         return_signal(ledger, step, why)
 
 
-def _require_paused(ledger: RunLedger, verb: str) -> None:
-    if ledger.run.status != RunStatus.PAUSED:
-        raise NotPaused(f"Cannot {verb} a {ledger.run.status} workflow: it is not paused")
+def run_facts(run: WorkflowRun, active: WorkflowStep | None, now: datetime) -> RunFacts:
+    """What :func:`states.allowed_verbs` needs to know about ``run`` and its active attempt."""
+    klass = registry.get(run.workflow_class)
+    return RunFacts(
+        status=run.status,
+        active_status=active.status if active is not None else None,
+        active_due_later=active is not None and active.scheduled_at > now,
+        active_waits_for_signal=active is not None and bool(active.wait_for),
+        class_known=klass is not None,
+        current_step_known=klass is not None and klass.step_definition(run.current_step) is not None,
+        class_has_steps=klass is not None and bool(klass.step_definitions()),
+        takes_signals=klass is None or bool(klass.signal_names()),
+    )
+
+
+def _admit(ledger: RunLedger, verb: str) -> WorkflowStep | None:
+    """The run's active attempt (locked), if its state admits ``verb``; else the verb's refusal."""
+    active = ledger.active_step()
+    facts = run_facts(ledger.run, active, ledger.now)
+    if verb not in allowed_verbs(facts):
+        raise _refusal(ledger, verb, facts, active)
+    return active
+
+
+def _refusal(ledger: RunLedger, verb: str, facts: RunFacts, active: WorkflowStep | None) -> Exception:
+    """Why the run's state refuses ``verb``, in the words of the exception the caller catches."""
+    run, status = ledger.run, facts.status
+    missing = f"its step {run.current_step!r} is not defined in {run.workflow_class}"
+    if not facts.class_known:
+        missing += " (the class is not registered)"
+    if verb in ("resume", "resume_at"):
+        if status != RunStatus.PAUSED:
+            return NotPaused(f"Cannot {verb} a {status} workflow: it is not paused")
+        if verb == "resume":
+            return StepNotDefined(f"Cannot resume {run.workflow_id}: {missing}; resume_at() another step or cancel it")
+        return StepNotDefined(
+            f"Cannot resume_at on {run.workflow_id}: {run.workflow_class} has no steps. Available steps: none"
+        )
+    if verb == "rerun":
+        if status not in TERMINAL_RUN:
+            hint = "resume it" if status == RunStatus.PAUSED else "cancel it first"
+            return InvalidTransition(
+                f"Cannot rerun a {status} workflow: only finished or cancelled runs rerun ({hint})"
+            )
+        return InvalidTransition(f"Cannot rerun: workflow class {run.workflow_class!r} is not registered")
+    if verb == "run_now" and status not in TERMINAL_RUN:
+        if active is not None and active.status == StepStatus.SCHEDULED and not facts.active_due_later:
+            return InvalidTransition(f"Cannot run_now: step {active.step_name} is already due")
+        state = "no scheduled step" if active is None else f"its step {active.step_name} is {active.status}"
+        return InvalidTransition(f"Cannot run_now a {status} workflow: {state}")
+    if verb == "skip" and status in (RunStatus.READY, RunStatus.PAUSED, RunStatus.WAITING):
+        if active is not None and active.status not in (StepStatus.SCHEDULED, StepStatus.WAITING):
+            return InvalidTransition(f"Cannot skip on a {status} workflow: its step is {active.status}")
+        if _last_attempt(ledger) is None:
+            return InvalidTransition(f"Cannot skip on workflow {run.workflow_id}: it has no step")
+        return StepNotDefined(
+            f"Cannot skip {run.workflow_id}: {missing}, so there is no next step to go to; "
+            "resume_at() another step or cancel it"
+        )
+    why = ": its step is running" if verb == "skip" and status == RunStatus.PERFORMING else ""
+    return InvalidTransition(f"Cannot {'skip on' if verb == 'skip' else verb} a {status} workflow{why}")
 
 
 def _last_attempt(ledger: RunLedger) -> WorkflowStep | None:

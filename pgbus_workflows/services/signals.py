@@ -10,7 +10,7 @@ from ..exceptions import NotOngoing, UnknownSignal
 from ..models import WorkflowSignal, WorkflowStep
 from ..registry import registry
 from ..states import TERMINAL_RUN, StepStatus
-from .ledger import locked_run
+from .locks import locked_run
 from .payload import encode_payload
 from .start import MAX_KEY_LENGTH
 from .waiting import consume, wake

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, OperationalError, ProgrammingError, transaction
 from django.db.models import Model
 
-from .. import clock, signals
+from .. import clock, rows, signals, sql
 from ..conf import settings
+from ..definitions import resolve_wait
 from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
 from ..migrated import explain
 from ..models import WorkflowRun
@@ -72,35 +73,48 @@ def _insert(
     actor: str | None,
     rerun_of: WorkflowRun | None,
 ) -> Workflow:
+    now = clock.now()
+    first = cls.next_step_after(None)
+    record = rows.build(
+        WorkflowRun,
+        workflow_class=cls.name,
+        current_step=first.name if first is not None else "",
+        subject_type=subject_type,
+        subject_id=subject_id,
+        arguments=payload,
+        idempotency_key=idempotency_key,
+        allow_multiple=cls.allow_multiple,
+        rerun_of=rerun_of.workflow_id if rerun_of else None,
+        created_at=now,
+        started_at=now,
+        status_changed_at=now,
+    )
+    ledger = RunLedger(record, now)
+    details: dict[str, Any] = {"arguments": payload}
+    if rerun_of is not None:
+        details["rerun_of"] = str(rerun_of.workflow_id)
+    started: dict[str, Any] = {"actor": actor, "details": details, "transition": ("", "", RunStatus.READY)}
+    if first is not None and sql.postgresql():
+        # The common case in one statement: no transaction of its own, no savepoint, no
+        # lookup of the key first (a refused insert writes nothing and raises nothing).
+        step = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
+        event = ledger.new_event("started", **started)
+        if not rows.insert_run(record, step, event, (settings.NOTIFY_CHANNEL, step.queue)):
+            return _conflict(cls, subject_type, subject_id, idempotency_key, payload)
+        ledger.send(signals.workflow_started, subject_type=subject_type, subject_id=subject_id)
+        ledger.flush()  # only the after-commit signal is left to queue
+        return cls(record)
     with transaction.atomic():
         if idempotency_key is not None:
             existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
             if existing is not None:
                 return _same_start(cls, existing, subject_type, subject_id, payload)
-        now = clock.now()
-        record = WorkflowRun(
-            workflow_class=cls.name,
-            subject_type=subject_type,
-            subject_id=subject_id,
-            arguments=payload,
-            idempotency_key=idempotency_key,
-            allow_multiple=cls.allow_multiple,
-            rerun_of=rerun_of.workflow_id if rerun_of else None,
-            created_at=now,
-            started_at=now,
-            status_changed_at=now,
-        )
         try:
             with transaction.atomic():
-                record.save(force_insert=True)
+                rows.insert(record)
         except IntegrityError:
             return _conflict(cls, subject_type, subject_id, idempotency_key, payload)
-        ledger = RunLedger(record, now)
-        details: dict[str, Any] = {"arguments": payload}
-        if rerun_of is not None:
-            details["rerun_of"] = str(rerun_of.workflow_id)
-        ledger.event("started", actor=actor, step=None, details=details, transition=("", "", RunStatus.READY))
-        first = cls.next_step_after(None)
+        ledger.event("started", **started)
         if first is None:
             ledger.transition("finish", RunStatus.FINISHED, kind="finished", actor=actor, reason="no steps")
         else:

@@ -108,7 +108,7 @@ def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6)
 
 def _identify() -> tuple[str | None, int | None]:
     """This transaction's id (assigned now) and this connection's server process, on PostgreSQL."""
-    if connection.vendor != "postgresql":
+    if not sql.postgresql():
         return None, None
     with sql.cursor() as cursor:
         cursor.execute(sql.statement("transaction_id"))

@@ -20,7 +20,8 @@ from ..exceptions import WaitTimedOut
 from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..states import RunStatus, StepStatus, signal_event
 from .isolation import RowFailures
-from .ledger import RunLedger, locked_step
+from .ledger import RunLedger
+from .locks import locked_step
 from .outcome import StepOutcome, apply_outcome
 
 BATCH_SIZE = 500

@@ -34,6 +34,16 @@ def statement(name: str, *variant: Hashable) -> str:
     return text
 
 
+def postgresql() -> bool:
+    """Whether the app's database is PostgreSQL: the one question of vendor the rest of the app asks.
+
+    What only PostgreSQL has (row locks with ``SKIP LOCKED``, arrays, pipelines, ``NOTIFY``,
+    advisory locks, the server's clock) is used there; on SQLite the same reads and writes
+    go through the ORM, or are not needed (one process writes at a time).
+    """
+    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+
+
 @contextmanager
 def cursor() -> Iterator[Any]:
     """Django's cursor on the default connection (statements with client-side binding)."""
@@ -87,14 +97,14 @@ def run_batch(statements: list[Statement]) -> None:
     """
     if not statements:
         return
-    postgresql = connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
-    if postgresql and len(statements) > 1 and _server_side_binding():
+    on_postgresql = postgresql()
+    if on_postgresql and len(statements) > 1 and _server_side_binding():
         with pipeline() as queued:
             for text, params in statements:
                 queued.execute(text, params)
         return
     with cursor() as plain:
-        if postgresql and len(statements) > 1:
+        if on_postgresql and len(statements) > 1:
             plain.execute("; ".join(text for text, _ in statements), [p for _, params in statements for p in params])
         else:
             for text, params in statements:

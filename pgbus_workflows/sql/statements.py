@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db.models import Field, Model
 
-from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..states import JobStatus, RunStatus, StepStatus, job_event
 
 Builder = Callable[..., str]
@@ -168,11 +168,11 @@ def lock_pairs(conn: Any, parent: type[Model], child: type[Model], link: str) ->
 
 
 @builds("due_steps")
-def due_steps(conn: Any, queues: int | None, unknown: int) -> str:
+def due_steps(conn: Any, queues: bool, unknown: int) -> str:
     """Due steps of ready runs by priority (the partial index ``pgbus_wf_step_due``), their runs locked.
 
-    ``queues``: None for every queue, else how many queue names follow (an array on
-    PostgreSQL); ``unknown``: how many ``(class, step name)`` pairs to leave out.
+    ``queues``: whether an array of queue names follows (PostgreSQL; SQLite claims through
+    the ORM); ``unknown``: how many ``(class, step name)`` pairs to leave out.
     """
     steps, runs = table(conn, WorkflowStep), table(conn, WorkflowRun)
     where = [
@@ -180,23 +180,53 @@ def due_steps(conn: Any, queues: int | None, unknown: int) -> str:
         "s.scheduled_at <= %s",
         f"r.status = {literal(RunStatus.READY)}",
     ]
-    if queues is not None:
-        where.append("s.queue = ANY(%s)" if conn.vendor == "postgresql" else f"s.queue IN ({_marks(queues)})")
+    if queues:
+        where.append("s.queue = ANY(%s)")
     if unknown:
-        pairs = ", ".join(["(%s, %s)"] * unknown)  # VALUES: SQLite takes row values only from a subquery
+        pairs = ", ".join(["(%s, %s)"] * unknown)
         where.append(f"(r.workflow_class, s.step_name) NOT IN (VALUES {pairs})")
-    lock = " FOR UPDATE OF r SKIP LOCKED" if conn.features.has_select_for_update_skip_locked else ""
     return (
         f"SELECT s.id, s.run_id, r.workflow_class, s.step_name FROM {steps} s JOIN {runs} r ON r.id = s.run_id "
-        f"WHERE {' AND '.join(where)} ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s{lock}"
+        f"WHERE {' AND '.join(where)} ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s FOR UPDATE OF r SKIP LOCKED"
+    )
+
+
+@builds("start_run")
+def start_run(conn: Any) -> str:
+    """A run, its first attempt and its ``started`` event in one statement, then ``NOTIFY`` (PostgreSQL).
+
+    Placeholders: the run's columns, the attempt's and the event's (each without ``run_id``,
+    which is the new run's key), then the ``NOTIFY`` channel and payload. ``ON CONFLICT DO
+    NOTHING``: when a unique index refuses the run (an ongoing run of the subject, a taken
+    idempotency key) nothing is written and no row comes back, with no error, so the caller's
+    transaction needs no savepoint. One statement: outside a transaction it is one round trip.
+    """
+    run_key = pk(conn, WorkflowRun)
+
+    def fields(model: type[Model]) -> list[Field[Any, Any]]:
+        return [f for f in model._meta.concrete_fields if not f.primary_key]
+
+    def child(model: type[Model]) -> str:
+        names = ", ".join(quote(conn, f.column) for f in fields(model))
+        values = ", ".join(f"r.{run_key}" if f.attname == "run_id" else "%s" for f in fields(model))
+        return f"INSERT INTO {table(conn, model)} ({names}) SELECT {values} FROM r"
+
+    run_names = ", ".join(quote(conn, f.column) for f in fields(WorkflowRun))
+    run_values = ", ".join(["%s"] * len(fields(WorkflowRun)))
+    return (
+        f"WITH r AS (INSERT INTO {table(conn, WorkflowRun)} ({run_names}) VALUES ({run_values}) "
+        f"ON CONFLICT DO NOTHING RETURNING {run_key}), "
+        f"s AS ({child(WorkflowStep)} RETURNING {pk(conn, WorkflowStep)}), "
+        f"e AS ({child(WorkflowEvent)}) "
+        f"SELECT r.{run_key}, s.{pk(conn, WorkflowStep)}, pg_notify(%s, %s) FROM r, s"
     )
 
 
 @builds("steps_in_progress")
-def steps_in_progress(conn: Any, count: int | None) -> str:
-    """Which of these steps are still in progress (``count``: None for an array, PostgreSQL)."""
-    keys = "= ANY(%s)" if count is None else f"IN ({_marks(count)})"
-    return f"SELECT id FROM {table(conn, WorkflowStep)} WHERE id {keys} AND status = {literal(StepStatus.IN_PROGRESS)}"
+def steps_in_progress(conn: Any) -> str:
+    """Which of an array of steps are still in progress (PostgreSQL)."""
+    in_progress = literal(StepStatus.IN_PROGRESS)
+    return f"SELECT id FROM {table(conn, WorkflowStep)} WHERE id = ANY(%s) AND status = {in_progress}"
 
 
 @builds("next_attempt")
@@ -220,20 +250,20 @@ def latest_attempts(conn: Any) -> str:
 
 
 @builds("due_jobs")
-def due_jobs(conn: Any, queues: int | None, unknown: int) -> str:
-    """Due pending jobs by priority (the partial index ``pgbus_wf_job_due``), locked.
+def due_jobs(conn: Any, queues: bool, unknown: bool) -> str:
+    """Due pending jobs by priority (the partial index ``pgbus_wf_job_due``), locked (PostgreSQL).
 
-    ``unknown``: how many function paths to leave out while they are younger than a cutoff.
+    ``queues``: whether an array of queue names follows; ``unknown``: whether an array of
+    function paths follows, left out while they are younger than a cutoff.
     """
     where = [f"status = {literal(JobStatus.PENDING)}", "scheduled_at <= %s"]
-    if queues is not None:
-        where.append(f"queue IN ({_marks(queues)})")
+    if queues:
+        where.append("queue = ANY(%s)")
     if unknown:
-        where.append(f"NOT (function IN ({_marks(unknown)}) AND scheduled_at > %s)")
-    lock = " FOR UPDATE SKIP LOCKED" if conn.features.has_select_for_update_skip_locked else ""
+        where.append("NOT (function = ANY(%s) AND scheduled_at > %s)")
     return (
         f"SELECT id, function, scheduled_at FROM {table(conn, FanOutJob)} "
-        f"WHERE {' AND '.join(where)} ORDER BY priority, scheduled_at, id LIMIT %s{lock}"
+        f"WHERE {' AND '.join(where)} ORDER BY priority, scheduled_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
     )
 
 
@@ -322,7 +352,3 @@ def transaction_status(conn: Any) -> str:
 def terminate_backend(conn: Any) -> str:
     """End another session (PostgreSQL)."""
     return "SELECT pg_terminate_backend(%s)"
-
-
-def _marks(count: int) -> str:
-    return ", ".join(["%s"] * count)

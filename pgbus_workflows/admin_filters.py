@@ -1,0 +1,90 @@
+"""The admin's list filters: by class, by status, by what a run is stuck on, by when it finished."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+from . import clock
+from .models import WorkflowRun
+from .registry import registry
+from .states import RunStatus
+from .sweep import STUCK_REASONS, stuck_querysets
+
+
+class WorkflowClassFilter(admin.SimpleListFilter):
+    """Runs (or their attempts) of one workflow class: registered classes and stored names."""
+
+    title = _("workflow class")
+    parameter_name = "workflow_class"
+    lookup = "workflow_class"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        stored = set(WorkflowRun.objects.values_list("workflow_class", flat=True).distinct().order_by())
+        names = sorted(stored | {cls.name for cls in registry.classes()})
+        return [(name, name) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(**{self.lookup: self.value()})
+        return queryset
+
+
+class StepClassFilter(WorkflowClassFilter):
+    """Attempts of runs of one workflow class."""
+
+    lookup = "run__workflow_class"
+
+
+class RunStatusFilter(admin.SimpleListFilter):
+    """Runs by status, as ``?status=paused`` (the dashboard links here)."""
+
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return list(RunStatus.choices)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(status=self.value()) if self.value() else queryset
+
+
+class StuckFilter(admin.SimpleListFilter):
+    """Runs stuck for one reason, with the queries the sweep's gauge counts."""
+
+    title = _("stuck")
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(reason, reason.replace("_", " ")) for reason in STUCK_REASONS]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        reason = self.value()
+        if not reason:
+            return queryset
+        if reason not in STUCK_REASONS:
+            raise IncorrectLookupParameters(f"Unknown stuck reason {reason!r}")
+        return queryset.filter(pk__in=stuck_querysets(clock.now())[reason].values("pk"))
+
+
+class FinishedWithinFilter(admin.SimpleListFilter):
+    """Attempts that finished recently (the dashboard's "last hour" counts link here)."""
+
+    title = _("finished within")
+    parameter_name = "finished_within"
+    periods = {"1h": 1, "24h": 24}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("1h", _("the last hour")), ("24h", _("the last 24 hours"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        hours = self.periods.get(self.value() or "")
+        if hours is None:
+            return queryset
+        return queryset.filter(finished_at__gte=clock.now() - timedelta(hours=hours))

@@ -1,0 +1,126 @@
+"""The run lock: every state move of a run happens inside one of these blocks.
+
+The run's row is locked (``SELECT ... FOR UPDATE``) before any of its steps, always in
+that order, and what the block's :class:`~.ledger.RunLedger` collected (transitions,
+events, wake-ups) is written in the same transaction when the block ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+
+from django.db import transaction
+
+from .. import rows, sql
+from ..bulk import WriteBatch
+from ..conf import settings
+from ..models import WorkflowRun, WorkflowStep
+from .ledger import RunLedger, Unit
+
+
+class RunLocked(Exception):
+    """``skip_locked``: another transaction holds the run (a body, an operator): it is alive."""
+
+
+@contextmanager
+def locked_step(
+    run_pk: int, step_pk: int, *, now: datetime | None = None, savepoint: bool = True, skip_locked: bool = False
+) -> Iterator[tuple[RunLedger, WorkflowStep | None]]:
+    """Lock run ``run_pk``, then its step ``step_pk`` (None when it is gone), for a unit of work.
+
+    On PostgreSQL both locks take one round trip; the order is run, then step, as always.
+    ``skip_locked`` (the sweep) raises :class:`RunLocked` instead of waiting for a run that
+    another transaction holds. ``savepoint=False`` joins the caller's transaction as it is.
+    """
+    with transaction.atomic(savepoint=savepoint):
+        pair = None
+        if skip_locked:
+            run = rows.lock(WorkflowRun, {"id": run_pk}, skip_locked=True)
+            if run is None:
+                if WorkflowRun.objects.filter(pk=run_pk).exists():
+                    raise RunLocked(f"Run {run_pk} is locked by another transaction")
+                raise WorkflowRun.DoesNotExist(f"No workflow run with pk {run_pk}")
+            ledger = RunLedger(run, now)
+            yield ledger, ledger.lock_step(step_pk)
+            ledger.flush()
+            return
+        if sql.postgresql():
+            pair = rows.lock_pair(WorkflowRun, WorkflowStep, "run_id", run_pk, step_pk)
+        if pair is not None:
+            ledger = RunLedger(pair[0], now)
+            yield ledger, pair[1]
+        else:
+            run = rows.lock(WorkflowRun, {"id": run_pk})
+            if run is None:
+                raise WorkflowRun.DoesNotExist(f"No workflow run with pk {run_pk}")
+            ledger = RunLedger(run, now)
+            yield ledger, ledger.lock_step(step_pk)
+        ledger.flush()
+
+
+@contextmanager
+def locked_steps(
+    items: Sequence[tuple[int, int, str | None]], *, now: datetime | None = None, savepoint: bool = True
+) -> Iterator[list[Unit]]:
+    """Lock several runs and one step of each, for units of work written together.
+
+    ``items`` are ``(run pk, step pk, name of the step that may be scheduled next)``, one
+    per run. Runs are locked in key order, then their steps. Each item gets a unit, in the
+    order of ``items``: its ledger and its step (the step is None when it is gone, the
+    ledger too when the run is). The units' writes are sent together when the block ends:
+    four round trips with the commit, for any number of units. ``savepoint=False`` joins the
+    caller's transaction as it is (the caller rolls back everything on an error).
+    """
+    if not sql.postgresql():
+        with transaction.atomic(savepoint=savepoint):
+            units: list[Unit] = []
+            for run_pk, step_pk, _ in sorted(items):
+                run = rows.lock(WorkflowRun, {"id": run_pk})
+                ledger = None if run is None else RunLedger(run, now)
+                units.append((ledger, None if ledger is None else ledger.lock_step(step_pk)))
+            by_step = {step_pk: unit for (_, step_pk, _), unit in zip(sorted(items), units, strict=True)}
+            units = [by_step[step_pk] for _, step_pk, _ in items]
+            yield units
+            for ledger, _ in units:
+                if ledger is not None:
+                    ledger.flush()
+        return
+    names = sorted({name for _, _, name in items if name})
+    attempts = (sql.statement("latest_attempts"), [[run_pk for run_pk, _, _ in items], names])
+    with transaction.atomic(savepoint=savepoint):
+        locked, counts = rows.lock_pairs(
+            WorkflowRun, WorkflowStep, "run_id", [(r, s) for r, s, _ in items], then=attempts if names else None
+        )
+        latest = {(run_pk, name): n for run_pk, name, n in counts}
+        writes = WriteBatch()
+        units = []
+        for run_pk, step_pk, name in items:
+            pair = locked.get(step_pk)
+            if pair is None:
+                run = rows.lock(WorkflowRun, {"id": run_pk})  # the step is gone (or the run)
+                units.append((None if run is None else RunLedger(run, now, writes=writes), None))
+                continue
+            next_attempts = {name: latest.get((run_pk, name), 0) + 1} if name else None
+            units.append((RunLedger(pair[0], now, writes=writes, next_attempts=next_attempts), pair[1]))
+        yield units
+        for ledger, _ in units:
+            if ledger is not None:
+                ledger.flush()
+        writes.send(settings.NOTIFY_CHANNEL)
+
+
+@contextmanager
+def locked_run(pk: int, *, now: datetime | None = None) -> Iterator[RunLedger]:
+    """Lock run ``pk`` for a unit of work; everything is written when the block ends.
+
+    Raises ``WorkflowRun.DoesNotExist`` when there is no such run.
+    """
+    with transaction.atomic():
+        run = rows.lock(WorkflowRun, {"id": pk})
+        if run is None:
+            raise WorkflowRun.DoesNotExist(f"No workflow run with pk {pk}")
+        ledger = RunLedger(run, now)
+        yield ledger
+        ledger.flush()

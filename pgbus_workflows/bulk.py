@@ -1,9 +1,12 @@
 """Writes of many rows at once: one statement per model and set of columns, whatever the count.
 
-Several runs' units of work are written together (:class:`WriteBatch`). On PostgreSQL each
-statement (``sql.statements``: ``unnest_insert``, ``unnest_update``) takes its values as one
-array per column, so its text is the same for any number of rows: psycopg and the server
-parse it once, not once per batch size.
+Several runs' units of work are written together (:class:`WriteBatch`). On PostgreSQL a
+statement of many rows (``sql.statements``: ``unnest_insert``, ``unnest_update``) takes its
+values as one array per column, so its text is the same for any number of rows: psycopg and
+the server parse it once, not once per batch size. Up to :data:`FEW_ROWS` rows (a trickle of
+runs, one or two outcomes per batch) each value is a parameter of its own instead: psycopg
+dumps a scalar in C and an array in Python, and below that count the arrays cost more CPU
+than the extra statement texts (one per count, prepared once each) cost the server.
 Values are prepared as ``Model.save`` would; the plain column types skip the field's
 preparation, which would return them unchanged.
 """
@@ -13,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import Field, Model
 
 from . import rows, sql
 from .sql import Statement
 
-Prepare = Callable[[Any], Any]
+#: ``get_db_prep_save(value, connection)`` of a field.
+Prepare = Callable[[Any, Any], Any]
 _PLAIN = (
     models.CharField,
     models.TextField,
@@ -29,44 +33,53 @@ _PLAIN = (
     models.BigAutoField,
     models.DateTimeField,
 )
-_preparers: dict[tuple[type[Model], str, str], Prepare] = {}
+#: Up to this many rows, a statement takes a parameter per value rather than an array per column.
+FEW_ROWS = 8
+_preparers: dict[tuple[type[Model], str, str], Prepare | None] = {}
+_columns: dict[tuple[type[Model], str], list[tuple[str, Prepare | None]]] = {}
 _relations: dict[type[Model], list[Field[Any, Any]]] = {}
 
 
-def _preparer(model: type[Model], field: Field[Any, Any]) -> Prepare:
-    """What turns the attribute value of ``field`` into the value sent (``get_db_prep_save``)."""
+def _preparer(model: type[Model], field: Field[Any, Any]) -> Prepare | None:
+    """What turns the attribute value of ``field`` into the value sent (``get_db_prep_save``); None: nothing."""
     key = (model, field.attname, connection.vendor)
-    prepare = _preparers.get(key)
-    if prepare is None:
+    if key not in _preparers:
         target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
         native_duration = isinstance(target, models.DurationField) and connection.features.has_native_duration_field
-        if isinstance(target, _PLAIN) or native_duration:
-            prepare = _same
-        else:
-            prepare = _bound(field)
-        _preparers[key] = prepare
-    return prepare
+        # psycopg sends these Python values as they are; SQLite's driver wants Django's text for some.
+        plain = sql.postgresql() and (isinstance(target, _PLAIN) or native_duration)
+        _preparers[key] = None if plain else field.get_db_prep_save
+    return _preparers[key]
 
 
-def _same(value: Any) -> Any:
-    return value
+def _insert_columns(model: type[Model]) -> list[tuple[str, Prepare | None]]:
+    """``(attname, preparer)`` of the columns an ``INSERT`` writes, in field order.
+
+    The attribute is read as it is: ``Field.pre_save`` returns it unchanged, as no field of
+    the app's models is ``auto_now`` (``tests/test_sql.py`` checks).
+    """
+    key = (model, connection.vendor)
+    found = _columns.get(key)
+    if found is None:
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        found = _columns[key] = [(field.attname, _preparer(model, field)) for field in fields]
+    return found
 
 
-def _bound(field: Field[Any, Any]) -> Prepare:
-    return lambda value: field.get_db_prep_save(value, connection)
+def _values(instance: Model, attname: str, prepare: Prepare | None, db: Any) -> Any:
+    value = getattr(instance, attname)
+    return value if prepare is None else prepare(value, db)
 
 
 def insert_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:
     """One ``INSERT`` of ``instances`` (all of one model), ``RETURNING`` their keys in order."""
-    if not sql.postgresql():
-        return rows.insert_many_statement(instances, returning=returning)
     model = type(instances[0])
-    params = []
-    for field in model._meta.concrete_fields:
-        if field.primary_key:
-            continue
-        prepare = _preparer(model, field)
-        params.append([prepare(field.pre_save(obj, True)) for obj in instances])
+    columns = _insert_columns(model)
+    db = connections[DEFAULT_DB_ALIAS]  # resolved once: each attribute read through the proxy costs a lookup
+    if len(instances) <= FEW_ROWS or not sql.postgresql():
+        text = sql.statement("insert_many", model, len(instances), returning)
+        return text, [_values(obj, attname, prepare, db) for obj in instances for attname, prepare in columns]
+    params = [[_values(obj, attname, prepare, db) for obj in instances] for attname, prepare in columns]
     return sql.statement("unnest_insert", model, returning), params
 
 
@@ -75,21 +88,27 @@ def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[S
 
     Each row appears once (the caller merges the fields of a row changed twice).
     """
-    if not sql.postgresql():
-        return [rows.update_statement(instance, sorted(names)) for instance, names in changes]
     groups: dict[tuple[type[Model], frozenset[str]], list[Model]] = {}
     for instance, names in changes:
         groups.setdefault((type(instance), names), []).append(instance)
     statements = []
+    db = connections[DEFAULT_DB_ALIAS]
     for (model, names), instances in groups.items():
         ordered = tuple(sorted(names))
+        columns = [(field.attname, _preparer(model, field)) for field in _fields(model, ordered)]
+        if len(instances) <= FEW_ROWS or not sql.postgresql():
+            text = sql.statement("update", model, ordered)
+            for obj in instances:
+                statements.append((text, [*(_values(obj, a, p, db) for a, p in columns), obj.pk]))
+            continue
         params: list[Any] = [[obj.pk for obj in instances]]
-        for name in ordered:
-            field = model._meta.get_field(name)
-            prepare = _preparer(model, field)  # type: ignore[arg-type]
-            params.append([prepare(getattr(obj, field.attname)) for obj in instances])  # type: ignore[union-attr]
+        params += [[_values(obj, attname, prepare, db) for obj in instances] for attname, prepare in columns]
         statements.append((sql.statement("unnest_update", model, ordered), params))
     return statements
+
+
+def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
+    return [model._meta.get_field(name) for name in names]  # type: ignore[misc]
 
 
 class WriteBatch:

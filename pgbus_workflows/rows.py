@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Field, Model
 from django.db.models.base import ModelState
 
@@ -21,9 +21,9 @@ from .sql import Statement
 
 M = TypeVar("M", bound=Model)
 N = TypeVar("N", bound=Model)
-_defaults: dict[type[Model], list[tuple[str, Any, Any]]] = {}
 _converters: dict[tuple[type[Model], str, str], list[tuple[str, Any, list[Any]]]] = {}
 _insert_fields: dict[type[Model], list[Field[Any, Any]]] = {}
+_plans: dict[type[Model], _BuildPlan] = {}
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
@@ -100,14 +100,6 @@ def _insertable(model: type[Model]) -> list[Field[Any, Any]]:
     return fields
 
 
-def insert_many_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:
-    """One ``INSERT`` of several rows of one model, to batch with others (``RETURNING`` the keys)."""
-    model = type(instances[0])
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    text = sql.statement("insert_many", model, len(instances), returning)
-    return text, [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in instances for f in fields]
-
-
 def lock(model: type[M], keys: dict[str, Any], *, skip_locked: bool = False) -> M | None:
     """``SELECT ... FOR UPDATE`` the row of ``model`` whose fields equal ``keys`` (None: no such row).
 
@@ -169,24 +161,25 @@ def lock_pairs(
 
 def from_row(model: type[M], row: Sequence[Any]) -> M:
     """A model instance from raw column values (all concrete fields), converted as the ORM would."""
-    key = (model, connection.alias, connection.vendor)
+    db = connections[DEFAULT_DB_ALIAS]  # resolved once: each attribute read through the proxy costs a lookup
+    key = (model, db.alias, db.vendor)
     columns = _converters.get(key)
     if columns is None:
         columns = []
         for field in model._meta.concrete_fields:
             column = field.get_col(model._meta.db_table)
-            converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            converters = db.ops.get_db_converters(column) + column.get_db_converters(db)
             columns.append((field.attname, column, converters))
         _converters[key] = columns  # converters take the connection as an argument
     instance = model.__new__(model)
     values = instance.__dict__
     for (attname, column, converters), value in zip(columns, row, strict=True):
         for converter in converters:
-            value = converter(value, column, connection)
+            value = converter(value, column, db)
         values[attname] = value
     instance._state = ModelState()
     instance._state.adding = False
-    instance._state.db = connection.alias
+    instance._state.db = db.alias
     return instance
 
 
@@ -194,23 +187,41 @@ def build(model: type[M], **values: Any) -> M:
     """A new unsaved instance, as ``model(**values)`` makes it, for the hot path.
 
     ``Model.__init__`` costs more than the rest of a step's bookkeeping: this sets the
-    attributes directly (defaults first, then ``values``; relations through their
-    descriptors). It sends no ``pre_init``/``post_init`` signals: the app's models need none.
+    attributes directly (defaults first, then ``values``; a relation's key and its cached
+    object, as its descriptor would). It sends no ``pre_init``/``post_init`` signals: the
+    app's models need none.
     """
-    defaults = _defaults.get(model)
-    if defaults is None:
-        defaults = _defaults[model] = [
-            (f.attname, f.default if f.has_default() and callable(f.default) else None, f.get_default())
-            for f in model._meta.concrete_fields
-        ]
+    plan = _plans.get(model)
+    if plan is None:
+        plan = _plans[model] = _BuildPlan(model)
     instance = model.__new__(model)
     attributes = instance.__dict__
-    for attname, factory, default in defaults:
+    for attname, factory, default in plan.defaults:
         attributes[attname] = factory() if factory is not None else default
     instance._state = ModelState()
     for name, value in values.items():
-        setattr(instance, name, value)
+        if name in plan.relations:
+            attributes[plan.relations[name]] = None if value is None else value.pk
+            instance._state.fields_cache[name] = value
+        elif name in plan.attnames:
+            attributes[name] = value
+        else:
+            setattr(instance, name, value)
     return instance
+
+
+class _BuildPlan:
+    """How :func:`build` fills an instance of one model."""
+
+    def __init__(self, model: type[Model]) -> None:
+        fields = model._meta.concrete_fields
+        self.defaults = [
+            (f.attname, f.default if f.has_default() and callable(f.default) else None, f.get_default()) for f in fields
+        ]
+        #: Relation name -> the attribute holding its key.
+        self.relations = {f.name: f.attname for f in fields if f.is_relation}
+        #: Plain fields, set as they are.
+        self.attnames = {f.attname for f in fields if not f.is_relation}
 
 
 def mark_saved(instance: Model, pk: Any) -> None:

@@ -9,11 +9,12 @@ import ast
 from pathlib import Path
 
 import pytest
+from django.apps import apps
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from pgbus_workflows import sql
-from pgbus_workflows.models import WorkflowRun, WorkflowStep
+from pgbus_workflows import bulk, sql
+from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
@@ -42,11 +43,11 @@ def test_an_execute_wrapper_sees_every_statement_of_a_claim_and_an_outcome_pipel
         (claimed,) = claim_due_steps(10)
         execute_step(claimed)
 
-    texts = "\n".join(seen)
     # (earlier tests may have taught this process names it cannot run: the filter then varies)
-    assert any(text.startswith(sql.statement("due_steps", None, 0).split(" ORDER BY")[0]) for text in seen)
+    assert any(text.startswith(sql.statement("due_steps", False, 0).split(" ORDER BY")[0]) for text in seen)
     assert sql.statement("lock_pairs", WorkflowRun, WorkflowStep, "run_id") in seen  # a pipelined statement
-    assert "unnest(" in texts  # the batched writes (pipelined)
+    events = sql.statement("insert_many", WorkflowEvent, 1, False).split(" VALUES")[0]
+    assert any(text.startswith(events) for text in seen)  # the batched writes (pipelined)
     assert sql.statement("notify") in seen
 
 
@@ -143,3 +144,20 @@ def test_the_question_of_vendor_is_asked_in_one_place():
     assert offenders == {}, f"vendor branches outside pgbus_workflows/sql: {offenders}"
     planted = ast.parse('if connection.vendor == "postgresql":\n    pass\n')
     assert _vendor_branches(planted) == [1]  # the check sees what it looks for
+
+
+def test_no_field_of_the_app_is_auto_now():
+    """The batched inserts read attributes as they are (``bulk._insert_columns``): no ``pre_save`` changes them."""
+    for model in apps.get_app_config("pgbus_workflows").get_models():
+        for field in model._meta.concrete_fields:
+            assert not getattr(field, "auto_now", False) and not getattr(field, "auto_now_add", False), field
+
+
+def test_a_batch_of_many_rows_takes_an_array_per_column_and_of_few_a_parameter_per_value():
+    runs = [WorkflowRun(workflow_class="x") for _ in range(bulk.FEW_ROWS + 1)]
+    many_text, many_params = bulk.insert_statement(runs)
+    few_text, few_params = bulk.insert_statement(runs[:2])
+    columns = len([f for f in WorkflowRun._meta.concrete_fields if not f.primary_key])
+    assert "unnest(" in many_text and len(many_params) == columns
+    assert all(len(values) == bulk.FEW_ROWS + 1 for values in many_params)
+    assert "unnest(" not in few_text and len(few_params) == 2 * columns

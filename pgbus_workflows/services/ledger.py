@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Max
 
 from .. import clock, rows, signals, sql
-from ..bulk import WriteBatch, link
+from ..bulk import WriteBatch, insert_statement, link
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
@@ -312,7 +312,7 @@ class RunLedger:
             statements.append(rows.update_statement(self.run, sorted(self._run_fields)))
             self._run_fields.clear()
         if self._events:
-            statements.append(rows.insert_many_statement(link(self._events)))  # steps inserted since
+            statements.append(insert_statement(link(self._events)))  # steps inserted since
             self._events = []
         if sql.postgresql():
             notify = sql.statement("notify")

@@ -21,10 +21,10 @@ from pgbus_workflows import (
     PayloadTooLarge,
     Workflow,
     WorkflowError,
+    clock,
     removed_step,
     step,
 )
-from pgbus_workflows import clock
 from pgbus_workflows import signals as wf_signals
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from tests.testapp.models import Order

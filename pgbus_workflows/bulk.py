@@ -35,6 +35,8 @@ _PLAIN = (
 )
 #: Up to this many rows, a statement takes a parameter per value rather than an array per column.
 FEW_ROWS = 8
+#: Rows per statement on SQLite, which caps the parameters of one statement (32,766).
+SQLITE_ROWS = 500
 _preparers: dict[tuple[type[Model], str, str], Prepare | None] = {}
 _columns: dict[tuple[type[Model], str], list[tuple[str, Prepare | None]]] = {}
 _relations: dict[type[Model], list[Field[Any, Any]]] = {}
@@ -71,16 +73,49 @@ def _values(instance: Model, attname: str, prepare: Prepare | None, db: Any) -> 
     return value if prepare is None else prepare(value, db)
 
 
-def insert_statement(instances: Sequence[Model], *, returning: bool = False) -> Statement:
-    """One ``INSERT`` of ``instances`` (all of one model), ``RETURNING`` their keys in order."""
+def insert_statement(
+    instances: Sequence[Model], *, returning: tuple[str, ...] = (), skip_conflicts: bool = False, arrays: bool = True
+) -> Statement:
+    """One ``INSERT`` of ``instances`` (all of one model), ``RETURNING`` the ``returning`` fields in order.
+
+    ``skip_conflicts``: rows a unique index refuses are left out, with no error (and nothing
+    returned). ``arrays=False``: a parameter per value whatever the count (a cursor that binds
+    on the client; the arrays' statement binds on the server, :func:`sql.pipeline`).
+    """
     model = type(instances[0])
     columns = _insert_columns(model)
     db = connections[DEFAULT_DB_ALIAS]  # resolved once: each attribute read through the proxy costs a lookup
-    if len(instances) <= FEW_ROWS or not sql.postgresql():
-        text = sql.statement("insert_many", model, len(instances), returning)
+    if len(instances) <= FEW_ROWS or not arrays or not sql.postgresql():
+        text = sql.statement("insert_many", model, len(instances), returning, skip_conflicts)
         return text, [_values(obj, attname, prepare, db) for obj in instances for attname, prepare in columns]
-    params = [[_values(obj, attname, prepare, db) for obj in instances] for attname, prepare in columns]
-    return sql.statement("unnest_insert", model, returning), params
+    constants: list[Any] = []
+    varying: list[list[Any]] = []
+    names = []
+    for attname, prepare in columns:
+        values = [_values(obj, attname, prepare, db) for obj in instances]
+        first = values[0]
+        # A value every row shares goes once (a JSON value is an adapter object: never shared).
+        if not isinstance(first, (list, dict)) and all(value == first for value in values):
+            constants.append(first)
+            names.append(attname)
+        else:
+            varying.append(values)
+    if not varying:  # unnest() needs one array: the first column's
+        varying.append([constants.pop(0)] * len(instances))
+        names.pop(0)
+    text = sql.statement("unnest_insert", model, returning, skip_conflicts, tuple(names))
+    return text, [*constants, *varying]
+
+
+def insert_statements(
+    instances: Sequence[Model], *, returning: tuple[str, ...] = (), skip_conflicts: bool = False
+) -> list[Statement]:
+    """:func:`insert_statement` of any number of rows: one statement on PostgreSQL, chunks on SQLite."""
+    size = len(instances) if sql.postgresql() else SQLITE_ROWS
+    return [
+        insert_statement(instances[n : n + size], returning=returning, skip_conflicts=skip_conflicts)
+        for n in range(0, len(instances), size)
+    ]
 
 
 def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[Statement]:
@@ -144,13 +179,13 @@ class WriteBatch:
             for instance in self.inserts:
                 rows.insert(instance)
             if self.rows:
-                sql.run_batch([insert_statement(link(self.rows))])
+                sql.run_batch(insert_statements(link(self.rows)))
             return
         with sql.pipeline() as cursor:
             for text, params in head:
                 cursor.execute(text, params)
             if self.inserts:
-                cursor.execute(*insert_statement(self.inserts, returning=True))
+                cursor.execute(*insert_statement(self.inserts, returning=("id",)))
                 keys = cursor.fetchall()  # the first round trip
                 for instance, (pk,) in zip(self.inserts, keys, strict=True):
                     rows.mark_saved(instance, pk)

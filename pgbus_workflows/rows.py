@@ -196,8 +196,10 @@ def build(model: type[M], **values: Any) -> M:
         plan = _plans[model] = _BuildPlan(model)
     instance = model.__new__(model)
     attributes = instance.__dict__
+    given = {plan.relations.get(name, name) for name in values}
     for attname, factory, default in plan.defaults:
-        attributes[attname] = factory() if factory is not None else default
+        if attname not in given:  # a default factory (a clock, a UUID) is only called when needed
+            attributes[attname] = factory() if factory is not None else default
     instance._state = ModelState()
     for name, value in values.items():
         if name in plan.relations:
@@ -222,6 +224,15 @@ class _BuildPlan:
         self.relations = {f.name: f.attname for f in fields if f.is_relation}
         #: Plain fields, set as they are.
         self.attnames = {f.attname for f in fields if not f.is_relation}
+
+
+def clone(instance: M, **values: Any) -> M:
+    """A new unsaved copy of an unsaved ``instance`` with some plain fields changed (many rows alike)."""
+    copy = type(instance).__new__(type(instance))
+    copy.__dict__.update(instance.__dict__)
+    copy.__dict__.update(values)
+    copy._state = ModelState()
+    return copy
 
 
 def mark_saved(instance: Model, pk: Any) -> None:

@@ -7,7 +7,7 @@ body (run by the executor) it also answers the step-only readers and verbs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ValidationError
@@ -166,6 +166,19 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         from .services.start import start_run  # deferred: this module loads before the app registry
 
         return start_run(cls, subject, idempotency_key=idempotency_key, arguments=arguments)
+
+    @classmethod
+    def start_many(cls, items: Iterable[Model | Mapping[str, Any] | None]) -> list[Any]:
+        """Start one run per item, in one transaction, with one ``INSERT`` per table; returns the handles.
+
+        An item is a subject (a saved model instance, or None) or a mapping with any of
+        ``subject``, ``idempotency_key`` and ``arguments``. The rules are :meth:`start`'s;
+        when one item raises (bad input, :class:`AlreadyRunning`, :class:`IdempotencyConflict`),
+        nothing of the call is written. For imports and backfills: chunk very long inputs.
+        """
+        from .services.start import start_runs  # deferred: this module loads before the app registry
+
+        return start_runs(cls, items)
 
     @classmethod
     def find(cls, workflow_id: Any) -> Any:

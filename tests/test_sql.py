@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.apps import apps
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from pgbus_workflows import bulk, sql
@@ -46,7 +46,7 @@ def test_an_execute_wrapper_sees_every_statement_of_a_claim_and_an_outcome_pipel
     # (earlier tests may have taught this process names it cannot run: the filter then varies)
     assert any(text.startswith(sql.statement("due_steps", False, 0).split(" ORDER BY")[0]) for text in seen)
     assert sql.statement("lock_pairs", WorkflowRun, WorkflowStep, "run_id") in seen  # a pipelined statement
-    events = sql.statement("insert_many", WorkflowEvent, 1, False).split(" VALUES")[0]
+    events = sql.statement("insert_many", WorkflowEvent, 1, (), False).split(" VALUES")[0]
     assert any(text.startswith(events) for text in seen)  # the batched writes (pipelined)
     assert sql.statement("notify") in seen
 
@@ -77,8 +77,8 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
     samples = {
         "update": (WorkflowRun, ("status",)),
         "insert": (WorkflowStep, ()),
-        "insert_many": (WorkflowStep, 2, True),
-        "unnest_insert": (WorkflowStep, True),
+        "insert_many": (WorkflowStep, 2, ("id",), True),
+        "unnest_insert": (WorkflowRun, ("id", "workflow_id"), True, ("workflow_class",)),
         "unnest_update": (WorkflowStep, ("status",)),
         "lock": (WorkflowRun, ("id",), True),
         "lock_pair": (WorkflowRun, WorkflowStep, "run_id"),
@@ -154,10 +154,27 @@ def test_no_field_of_the_app_is_auto_now():
 
 
 def test_a_batch_of_many_rows_takes_an_array_per_column_and_of_few_a_parameter_per_value():
-    runs = [WorkflowRun(workflow_class="x") for _ in range(bulk.FEW_ROWS + 1)]
+    runs = [WorkflowRun(workflow_class="x", arguments={"n": n}) for n in range(bulk.FEW_ROWS + 1)]
     many_text, many_params = bulk.insert_statement(runs)
     few_text, few_params = bulk.insert_statement(runs[:2])
     columns = len([f for f in WorkflowRun._meta.concrete_fields if not f.primary_key])
-    assert "unnest(" in many_text and len(many_params) == columns
-    assert all(len(values) == bulk.FEW_ROWS + 1 for values in many_params)
+    arrays = [p for p in many_params if isinstance(p, list)]
+    assert "unnest(" in many_text and many_text.count("[]") == len(arrays)
+    assert all(len(values) == bulk.FEW_ROWS + 1 for values in arrays)
+    assert "x" in many_params  # the class every row shares is sent once, not as an array
+    assert len(arrays) < columns
     assert "unnest(" not in few_text and len(few_params) == 2 * columns
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_written_with_shared_values_read_back_as_written():
+    runs = [WorkflowRun(workflow_class="shared", arguments={"n": n}, current_step="a") for n in range(20)]
+    batch = bulk.WriteBatch()
+    batch.inserts = runs
+    with transaction.atomic():
+        batch.send("unused_channel")
+    stored = WorkflowRun.objects.filter(workflow_class="shared").order_by("pk")
+    assert [(r.workflow_id, r.arguments, r.current_step) for r in stored] == [
+        (r.workflow_id, {"n": n}, "a") for n, r in enumerate(runs)
+    ]
+    assert [r.pk for r in runs] == [r.pk for r in stored]

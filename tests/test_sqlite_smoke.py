@@ -128,3 +128,29 @@ def test_on_sqlite_a_dispatcher_passes_over_steps_its_code_lacks(env):
     result = manage(env, "shell", "-c", probe)
     assert result.returncode == 0, result.stderr
     assert "claimed 0 0 scheduled" in result.stdout
+
+
+START_MANY_ON_SQLITE = """
+import django; django.setup()
+from django.core.management import call_command; call_command("migrate", verbosity=0)
+from tests.testapp.workflows import NoOp3
+from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.executor import run_due_steps
+handles = NoOp3.start_many([{"arguments": {"n": n}, "idempotency_key": f"k{n}"} for n in range(1200)])
+(again,) = NoOp3.start_many([{"arguments": {"n": 5}, "idempotency_key": "k5"}])
+assert again.duplicate_start and again.workflow_id == handles[5].workflow_id
+counts = [model.objects.count() for model in (WorkflowRun, WorkflowStep, WorkflowEvent)]
+assert counts == [1200, 1200, 1200], counts
+assert run_due_steps(limit=10000) == 3600
+assert set(WorkflowRun.objects.values_list("status", flat=True)) == {"finished"}
+print("ok")
+"""
+
+
+def test_start_many_writes_in_chunks_on_sqlite(tmp_path):
+    """SQLite caps the parameters of a statement: 1,200 runs go in chunks, with start()'s rules."""
+    env = {**sqlite_env(tmp_path / "many.sqlite3"), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", START_MANY_ON_SQLITE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr

@@ -312,7 +312,7 @@ class RunLedger:
             statements.append(rows.update_statement(self.run, sorted(self._run_fields)))
             self._run_fields.clear()
         if self._events:
-            statements.append(insert_statement(link(self._events)))  # steps inserted since
+            statements.append(insert_statement(link(self._events), arrays=False))  # steps inserted since
             self._events = []
         if sql.postgresql():
             notify = sql.statement("notify")

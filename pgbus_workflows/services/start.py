@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, OperationalError, ProgrammingError, transaction
 from django.db.models import Model
 
-from .. import clock, rows, signals, sql
+from .. import bulk, clock, rows, signals, sql
 from ..conf import settings
-from ..definitions import resolve_wait
+from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
 from ..migrated import explain
 from ..models import WorkflowRun
@@ -42,6 +44,21 @@ def start_run(
     Works inside the caller's ``transaction.atomic()`` (the dispatcher sees nothing until it
     commits). Bad input raises before anything is written.
     """
+    subject_type, subject_id, payload = _checked(cls, subject, idempotency_key, arguments)
+    _warn_if_unknown_to_dispatchers(cls)
+    try:
+        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of)
+    except (ProgrammingError, OperationalError) as error:
+        not_migrated = explain(error)
+        if not_migrated is not None:
+            raise not_migrated from None
+        raise
+
+
+def _checked(
+    cls: type[Workflow], subject: Model | None, idempotency_key: str | None, arguments: dict[str, Any] | None
+) -> tuple[str | None, str | None, dict[str, Any]]:
+    """``(subject type, subject id, arguments as stored)`` of a start; raises on bad input."""
     if cls.__dict__.get("abstract", False):
         raise ConfigurationError(f"{cls.__qualname__} is abstract: start one of its subclasses")
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
@@ -54,28 +71,20 @@ def start_run(
     payload = encode_payload(arguments or {}, f"{cls.name} arguments")
     if not isinstance(payload, dict):
         raise TypeError("arguments must be keyword arguments")
-    _warn_if_unknown_to_dispatchers(cls)
-    try:
-        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of)
-    except (ProgrammingError, OperationalError) as error:
-        not_migrated = explain(error)
-        if not_migrated is not None:
-            raise not_migrated from None
-        raise
+    return subject_type, subject_id, payload
 
 
-def _insert(
+def _new_run(
     cls: type[Workflow],
+    first: StepDefinition | None,
+    now: datetime,
     subject_type: str | None,
     subject_id: str | None,
     idempotency_key: str | None,
     payload: dict[str, Any],
-    actor: str | None,
-    rerun_of: WorkflowRun | None,
-) -> Workflow:
-    now = clock.now()
-    first = cls.next_step_after(None)
-    record = rows.build(
+    rerun_of: WorkflowRun | None = None,
+) -> WorkflowRun:
+    return rows.build(
         WorkflowRun,
         workflow_class=cls.name,
         current_step=first.name if first is not None else "",
@@ -89,6 +98,20 @@ def _insert(
         started_at=now,
         status_changed_at=now,
     )
+
+
+def _insert(
+    cls: type[Workflow],
+    subject_type: str | None,
+    subject_id: str | None,
+    idempotency_key: str | None,
+    payload: dict[str, Any],
+    actor: str | None,
+    rerun_of: WorkflowRun | None,
+) -> Workflow:
+    now = clock.now()
+    first = cls.next_step_after(None)
+    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of)
     ledger = RunLedger(record, now)
     details: dict[str, Any] = {"arguments": payload}
     if rerun_of is not None:
@@ -184,3 +207,97 @@ def _conflict(
         + (f": {holder.workflow_id} ({holder.status})" if holder else ""),
         workflow=handle,
     )
+
+
+#: The keys a mapping item of :func:`start_runs` may have.
+ITEM_KEYS = frozenset({"subject", "idempotency_key", "arguments"})
+
+
+def start_runs(cls: type[Workflow], items: Iterable[Model | Mapping[str, Any] | None]) -> list[Workflow]:
+    """Start one run of ``cls`` per item in one transaction: one ``INSERT`` per table for all of them.
+
+    An item is a subject (a saved model instance, or None) or a mapping with any of
+    ``subject``, ``idempotency_key`` and ``arguments``. The rules are ``start()``'s: bad
+    input raises before anything is written; a key already used for the same start gives
+    the first run's handle (``duplicate_start``), for another start :class:`IdempotencyConflict`;
+    a subject with an ongoing run (or two items for one subject) raises :class:`AlreadyRunning`,
+    and then nothing of the call is written. Returns the handles in the items' order.
+    """
+    checked = []
+    for number, item in enumerate(items):
+        subject, key, arguments = _item(item, number)
+        checked.append((key, *_checked(cls, subject, key, arguments)))
+    if not checked:
+        return []
+    _warn_if_unknown_to_dispatchers(cls)
+    first = cls.next_step_after(None)
+    try:
+        with transaction.atomic():
+            if first is None:  # nothing to schedule: each run finishes at once, as start() does it
+                return [_insert(cls, st, si, key, payload, None, None) for key, st, si, payload in checked]
+            return _insert_many(cls, first, checked)
+    except (ProgrammingError, OperationalError) as error:
+        not_migrated = explain(error)
+        if not_migrated is not None:
+            raise not_migrated from None
+        raise
+
+
+def _item(item: Any, number: int) -> tuple[Any, str | None, dict[str, Any] | None]:
+    """``(subject, idempotency key, arguments)`` of one item of :func:`start_runs`."""
+    if not isinstance(item, Mapping):
+        return item, None, None
+    unknown = set(item) - ITEM_KEYS
+    if unknown:
+        raise TypeError(
+            f"start_many() item {number} has unknown keys {sorted(unknown)}: an item is a subject, or a mapping "
+            f"of {sorted(ITEM_KEYS)}"
+        )
+    arguments = item.get("arguments")
+    if arguments is not None and not isinstance(arguments, Mapping):
+        raise TypeError(f"start_many() item {number}: arguments must be a mapping, got {type(arguments).__name__}")
+    return item.get("subject"), item.get("idempotency_key"), None if arguments is None else dict(arguments)
+
+
+def _insert_many(
+    cls: type[Workflow], first: StepDefinition, checked: list[tuple[str | None, str | None, str | None, Any]]
+) -> list[Workflow]:
+    now = clock.now()
+    records = [_new_run(cls, first, now, st, si, key, payload) for key, st, si, payload in checked]
+    as_uuid = WorkflowRun._meta.get_field("workflow_id").to_python  # SQLite returns the text
+    keys = {}
+    # PostgreSQL: bound on the server, so the arrays go in binary, not spelled out in the text.
+    with sql.pipeline() if sql.postgresql() else sql.cursor() as cursor:
+        for text, params in bulk.insert_statements(records, returning=("id", "workflow_id"), skip_conflicts=True):
+            cursor.execute(text, params)
+            keys.update({as_uuid(workflow_id): pk for pk, workflow_id in cursor.fetchall()})
+    for record in records:
+        if record.workflow_id in keys:
+            rows.mark_saved(record, keys[record.workflow_id])
+    handles = []
+    for record, (key, st, si, payload) in zip(records, checked, strict=True):
+        # a refused run: a key used before (its run, or IdempotencyConflict) or a subject taken (AlreadyRunning)
+        handles.append(cls(record) if record.pk is not None else _conflict(cls, st, si, key, payload))
+    new = [record for record in records if record.pk is not None]
+    if not new:
+        return handles
+    # Every first attempt is alike, and every event but for its run: made once, copied.
+    ledger = RunLedger(new[0], now)
+    attempt = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
+    started = ledger.new_event("started", transition=("", "", RunStatus.READY))
+    writes = bulk.WriteBatch()
+    writes.inserts = [rows.clone(attempt, run_id=record.pk) for record in new]
+    writes.rows = [rows.clone(started, run_id=record.pk, details={"arguments": record.arguments}) for record in new]
+    writes.notify.add(attempt.queue)
+    if signals.workflow_started.has_listeners():
+        sent = [(record.workflow_id, record.subject_type, record.subject_id) for record in new]
+        transaction.on_commit(lambda: _send_started(cls.name, sent))
+    writes.send(settings.NOTIFY_CHANNEL)
+    return handles
+
+
+def _send_started(sender: str, started: list[tuple[Any, str | None, str | None]]) -> None:
+    for workflow_id, subject_type, subject_id in started:
+        signals.workflow_started.send(
+            sender=sender, workflow_id=workflow_id, subject_type=subject_type, subject_id=subject_id
+        )

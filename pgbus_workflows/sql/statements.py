@@ -68,8 +68,16 @@ def literal(value: str) -> str:
 
 def array_of(conn: Any, field: Field[Any, Any]) -> str:
     """A binary array parameter cast to the element type of ``field``, without a length."""
-    element = re.sub(r"\(\s*\d+(\s*,\s*\d+)?\s*\)", "", str(field.db_type(conn)))
-    return f"%b::{element}[]"
+    return f"%b::{_element_type(conn, field)}[]"
+
+
+def scalar_of(conn: Any, field: Field[Any, Any]) -> str:
+    """A binary parameter cast to the type of ``field``, without a length (the column checks it)."""
+    return f"%b::{_element_type(conn, field)}"
+
+
+def _element_type(conn: Any, field: Field[Any, Any]) -> str:
+    return re.sub(r"\(\s*\d+(\s*,\s*\d+)?\s*\)", "", str(field.db_type(conn)))
 
 
 # -- rows of any model (rows.py, bulk.py) ----------------------------------------------------------------
@@ -94,23 +102,44 @@ def insert(conn: Any, model: type[Model], computed: tuple[tuple[str, str], ...])
 
 
 @builds("insert_many")
-def insert_many(conn: Any, model: type[Model], count: int, returning: bool) -> str:
-    """``INSERT`` ``count`` rows in one statement (placeholders per row: SQLite, and the fallback)."""
+def insert_many(conn: Any, model: type[Model], count: int, returning: tuple[str, ...], skip_conflicts: bool) -> str:
+    """``INSERT`` ``count`` rows in one statement (placeholders per row: SQLite, and few rows).
+
+    ``returning``: the fields to read back, in the rows' order; ``skip_conflicts``: a row a
+    unique index refuses is left out (``ON CONFLICT DO NOTHING``) and returns nothing.
+    """
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     names = ", ".join(quote(conn, f.column) for f in fields)
     text = f"INSERT INTO {table(conn, model)} ({names}) VALUES " + ", ".join([row] * count)
-    return text + (f" RETURNING {pk(conn, model)}" if returning else "")
+    return text + _insert_tail(conn, model, returning, skip_conflicts)
 
 
 @builds("unnest_insert")
-def unnest_insert(conn: Any, model: type[Model], returning: bool) -> str:
-    """``INSERT`` any number of rows from one array per column (PostgreSQL: one text for any count)."""
+def unnest_insert(
+    conn: Any, model: type[Model], returning: tuple[str, ...], skip_conflicts: bool, constant: tuple[str, ...]
+) -> str:
+    """``INSERT`` any number of rows from one array per column (PostgreSQL: one text for any count).
+
+    A column of ``constant`` (attnames) has one value for every row: it is sent once, as one
+    parameter, not as an array. Parameters: the constant columns' values, then the other
+    columns' arrays, each in field order.
+    """
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     names = ", ".join(quote(conn, f.column) for f in fields)
-    arrays = ", ".join(array_of(conn, f) for f in fields)
-    text = f"INSERT INTO {table(conn, model)} ({names}) SELECT * FROM unnest({arrays})"
-    return text + (f" RETURNING {pk(conn, model)}" if returning else "")
+    varying = [f for f in fields if f.attname not in constant]
+    values = ", ".join(scalar_of(conn, f) if f.attname in constant else f"v.c{fields.index(f)}" for f in fields)
+    arrays = ", ".join(array_of(conn, f) for f in varying)
+    aliases = ", ".join(f"c{fields.index(f)}" for f in varying)
+    text = f"INSERT INTO {table(conn, model)} ({names}) SELECT {values} FROM unnest({arrays}) AS v({aliases})"
+    return text + _insert_tail(conn, model, returning, skip_conflicts)
+
+
+def _insert_tail(conn: Any, model: type[Model], returning: tuple[str, ...], skip_conflicts: bool) -> str:
+    conflicts = " ON CONFLICT DO NOTHING" if skip_conflicts else ""
+    if not returning:
+        return conflicts
+    return f"{conflicts} RETURNING {', '.join(column(conn, model, name) for name in returning)}"
 
 
 @builds("unnest_update")

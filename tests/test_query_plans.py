@@ -9,7 +9,6 @@ import json
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from pgbus_workflows.models import WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
@@ -20,11 +19,12 @@ from tests.testapp.workflows import Counted, Squares
 pytestmark = pytest.mark.django_db
 
 
-def plan_of(sql: str) -> dict:
+def plan_of(statement: tuple[str, list]) -> dict:
+    text, params = statement
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute("SET LOCAL enable_bitmapscan = off")
-        cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
+        cursor.execute("EXPLAIN (FORMAT JSON) " + text, params)
         return cursor.fetchone()[0][0]["Plan"]
 
 
@@ -34,10 +34,17 @@ def nodes(plan: dict):
         yield from nodes(child)
 
 
-def claim_statement(claim, marker: str) -> str:
-    with CaptureQueriesContext(connection) as queries:
+def claim_statement(claim, marker: str) -> tuple[str, list]:
+    """The claim's own statement and its parameters, as sent (pipelined ones too)."""
+    seen = []
+
+    def record(execute, text, params, many, context):
+        seen.append((text, params))
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(record):
         claim()
-    return next(q["sql"] for q in queries.captured_queries if marker in q["sql"] and "SKIP LOCKED" in q["sql"])
+    return next((text, params) for text, params in seen if marker in text and "SKIP LOCKED" in text)
 
 
 def test_the_claim_query_walks_the_partial_due_index_in_order_without_sorting():

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import transaction
 
 from .. import clock, rows, sql
+from ..bulk import WriteBatch
 from ..conf import settings
 from ..deploy import can_run_step
 from ..models import WorkflowRun, WorkflowStep
@@ -41,13 +42,19 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
             # Names seen before and still unknown are left out in SQL: the normal case (every
             # dispatcher on the same code) sends the same statement as before, no filter.
             unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
-            rows = _due_rows(limit, queue_list, now, unknown)
-            new = {(klass, name) for _, _, klass, name in rows if not can_run_step(klass, name)}
+            due = _due(limit, queue_list, now, unknown)
+            new = {(run.workflow_class, step.step_name) for run, step in due if not can_run_step(*_names(run, step))}
             if not new:
                 break
             _unrunnable.update(new)
-        pairs = [(step_pk, run_pk) for step_pk, run_pk, klass, name in rows if can_run_step(klass, name)]
-        return _claim(pairs, now, claimed_by)
+        runnable = [(run, step) for run, step in due if can_run_step(*_names(run, step))]
+        if not sql.postgresql():
+            return _claim([(step.pk, run.pk) for run, step in runnable], now, claimed_by)
+        return _claim_locked(runnable, now, claimed_by)
+
+
+def _names(run: WorkflowRun, step: WorkflowStep) -> tuple[str, str]:
+    return run.workflow_class, step.step_name
 
 
 #: ``(class, step name)`` pairs this process was offered and cannot run (left out of later claims).
@@ -56,32 +63,35 @@ _unrunnable: set[tuple[str, str]] = set()
 _MAX_PASSES = 5
 
 
-def _due_rows(
+def _due(
     limit: int, queues: list[str] | None, now: Any, unknown: list[tuple[str, str]]
-) -> list[tuple[int, int, str, str]]:
-    """``(step pk, run pk, class, step name)`` of due steps of ready runs, their runs locked.
+) -> list[tuple[WorkflowRun, WorkflowStep]]:
+    """Due steps of ready runs with their runs, locked (PostgreSQL: both rows, one round trip).
 
-    Only the runs are locked, with SKIP LOCKED: the lock order is always run, then step,
-    and a run another dispatcher (or an operator) holds is passed over, not waited for.
-    The order is the partial index ``pgbus_wf_step_due``'s; ``unknown`` pairs are left out.
+    With SKIP LOCKED: a run another dispatcher (or an operator) holds is passed over, not
+    waited for. The order is the partial index ``pgbus_wf_step_due``'s; ``unknown`` pairs
+    are left out. On SQLite (one writer at a time) the rows are only read: :func:`_claim`
+    locks them again as every unit of work does.
     """
-    if not sql.postgresql():  # SQLite: one process writes at a time, there is nothing to skip
-        due = WorkflowStep.objects.filter(
+    if not sql.postgresql():
+        due = WorkflowStep.objects.select_related("run").filter(
             status=StepStatus.SCHEDULED, scheduled_at__lte=now, run__status=RunStatus.READY
         )
         if queues is not None:
             due = due.filter(queue__in=queues)
         for klass, name in unknown:
             due = due.exclude(run__workflow_class=klass, step_name=name)
-        due = due.order_by("priority", "scheduled_at", "pk")
-        return list(due.values_list("pk", "run_id", "run__workflow_class", "step_name")[:limit])
+        return [(step.run, step) for step in due.order_by("priority", "scheduled_at", "pk")[:limit]]
     params: list[Any] = [now, *([] if queues is None else [queues])]
     for pair in unknown:
         params.extend(pair)
     params.append(limit)
-    with sql.cursor() as cursor:
+    # In a pipeline: the transaction's BEGIN goes in the same round trip.
+    with sql.pipeline() as cursor:
         cursor.execute(sql.statement("due_steps", queues is not None, len(unknown)), params)
-        return [(row[0], row[1], row[2], row[3]) for row in cursor.fetchall()]
+        found = cursor.fetchall()
+    split = len(WorkflowRun._meta.concrete_fields)
+    return [(rows.from_row(WorkflowRun, row[:split]), rows.from_row(WorkflowStep, row[split:])) for row in found]
 
 
 def claim_step(step_pk: int, claimed_by: str = "") -> WorkflowStep | None:
@@ -115,6 +125,17 @@ def _claim(pairs: list[tuple[int, int]], now: Any, claimed_by: str) -> list[Work
             _claim_in_ledger(ledger, step, claimed_by)
             claimed.append(step)
     return claimed
+
+
+def _claim_locked(due: list[tuple[WorkflowRun, WorkflowStep]], now: Any, claimed_by: str) -> list[WorkflowStep]:
+    """Claim attempts whose rows this transaction has locked: every write in one round trip."""
+    writes = WriteBatch()
+    for run, step in due:
+        ledger = RunLedger(run, now, writes=writes)
+        _claim_in_ledger(ledger, step, claimed_by)
+        ledger.flush()
+    writes.send(settings.NOTIFY_CHANNEL)
+    return [step for _, step in due]
 
 
 def _claim_in_ledger(ledger: RunLedger, step: WorkflowStep, claimed_by: str) -> None:

@@ -198,7 +198,7 @@ def lock_pairs(conn: Any, parent: type[Model], child: type[Model], link: str) ->
 
 @builds("due_steps")
 def due_steps(conn: Any, queues: bool, unknown: int) -> str:
-    """Due steps of ready runs by priority (the partial index ``pgbus_wf_step_due``), their runs locked.
+    """Due steps of ready runs by priority (the partial index ``pgbus_wf_step_due``), locked with their runs.
 
     ``queues``: whether an array of queue names follows (PostgreSQL; SQLite claims through
     the ORM); ``unknown``: how many ``(class, step name)`` pairs to leave out.
@@ -214,9 +214,12 @@ def due_steps(conn: Any, queues: bool, unknown: int) -> str:
     if unknown:
         pairs = ", ".join(["(%s, %s)"] * unknown)
         where.append(f"(r.workflow_class, s.step_name) NOT IN (VALUES {pairs})")
+    # Both rows locked, neither waited for (SKIP LOCKED: no lock order to keep), and both
+    # re-read at their latest version when a transaction changed them since this snapshot.
     return (
-        f"SELECT s.id, s.run_id, r.workflow_class, s.step_name FROM {steps} s JOIN {runs} r ON r.id = s.run_id "
-        f"WHERE {' AND '.join(where)} ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s FOR UPDATE OF r SKIP LOCKED"
+        f"SELECT {columns(conn, WorkflowRun, 'r.')}, {columns(conn, WorkflowStep, 's.')} "
+        f"FROM {steps} s JOIN {runs} r ON r.id = s.run_id WHERE {' AND '.join(where)} "
+        "ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s FOR UPDATE OF r, s SKIP LOCKED"
     )
 
 

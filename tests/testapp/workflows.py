@@ -208,3 +208,13 @@ class FanBench(Workflow):
     @step
     def done(self):
         pass
+
+
+class Probe(Workflow):
+    """One step whose output is the time its body began (the call-to-body latency benchmark)."""
+
+    name = "bench_probe"
+
+    @step
+    def only(self):
+        return {"body_at": time.time()}

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ BASE_URL = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/pgbus_
 BENCH_URL = BASE_URL if BASE_URL.endswith("_bench") else BASE_URL + "_bench"
 os.environ["DATABASE_URL"] = BENCH_URL
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+#: Seconds a measurement waits after its dispatchers (workers) registered: their LISTEN, first claim.
+SETTLE_SECONDS = 0.5
 
 import django  # noqa: E402 - the environment must be set first
 import environ  # noqa: E402
@@ -104,17 +108,51 @@ def start_dispatchers(
     return [subprocess.Popen([*command, "--concurrency", str(concurrency)], cwd=ROOT, env=env) for _ in range(count)]
 
 
-def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM and wait."""
+def stop(processes: Sequence[subprocess.Popen[Any]]) -> None:
+    """SIGTERM and wait; SIGKILL what is still running after a minute (or is already exiting)."""
     for process in processes:
-        process.terminate()
+        if process.poll() is None:
+            process.terminate()
     for process in processes:
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def wait_registered(count: int) -> None:
     """Until ``count`` dispatchers have their row (they are ready to claim)."""
     from pgbus_workflows.models import Dispatcher
 
-    while Dispatcher.objects.count() < count:
-        time.sleep(0.05)
+    wait_until(lambda: Dispatcher.objects.count() >= count, 120, f"{count} dispatchers registering", 0.05)
+
+
+def wait_until(done: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    """Call ``done()`` every ``interval`` seconds until it is true; ``TimeoutError`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done after {timeout:.0f} s")
+        time.sleep(interval)
+
+
+def run_json(command: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> Any:
+    """Run a client process to its end and return the JSON document of its last line of stdout."""
+    result = subprocess.run(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def quantiles_ms(seconds: Sequence[float], *percents: int) -> list[float]:
+    """The ``percents`` percentiles of ``seconds``, in milliseconds (``statistics.quantiles``, exclusive)."""
+    cuts = statistics.quantiles([s * 1000 for s in seconds], n=100)
+    return [cuts[p - 1] for p in percents]

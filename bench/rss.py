@@ -4,15 +4,14 @@
 
 One dispatcher process (``--no-sweep``) starts and registers; after ``REST_SECONDS`` idle its
 VmRSS (``/proc/<pid>/status``) is the figure at rest. Then this process feeds it ``steps``
-steps (NoOp3 runs, ``start()`` in batches of ``BATCH`` in one transaction, keeping at most
+steps (NoOp3 runs, ``start_many()`` of ``BATCH`` at a time, keeping at most
 ``BACKLOG`` runs unfinished so the dispatcher is never idle and the queue stays short) and
 samples its VmRSS every ``EVERY`` seconds. Figures: at rest, after warm-up (the first sample
 once 10 % of the steps are done), the largest, and at the end; flat means end / warm-up
 within ±10 %.
 
-The issue asks for 1,000,000 steps; this machine (2 cores shared by PostgreSQL, the feeder
-and the dispatcher) runs about 1,000 such steps/s, so that takes about a quarter of an hour:
-the default, 300,000 steps, takes about five minutes. ``--steps 1000000`` runs the full one.
+The default is the issue's 1,000,000 steps: fed by ``start_many()``, the dispatcher drains
+them at its backlog rate, some minutes on this machine (``--steps`` for a shorter run).
 """
 
 from __future__ import annotations
@@ -25,14 +24,14 @@ from bench.common import drop_database, recreate_database, start_dispatchers, st
 
 #: Seconds a freshly registered dispatcher idles before its memory is read "at rest".
 REST_SECONDS = 5.0
-#: Runs started per transaction, most runs unfinished at once, seconds between samples.
-BATCH, BACKLOG, EVERY = 250, 2000, 2.0
+#: Runs per start_many(), most runs unfinished at once, seconds between samples.
+BATCH, BACKLOG, EVERY = 1000, 4000, 2.0
 #: The share of the steps after which a sample counts as warmed up.
 WARM_UP = 0.1
 #: The steps of one NoOp3 run.
 STEPS_PER_RUN = 3
 #: The default length of the long run (see the module docstring).
-DEFAULT_STEPS = 300_000
+DEFAULT_STEPS = 1_000_000
 
 
 def rss_mb(pid: int) -> float:
@@ -71,8 +70,6 @@ class Memory:
 
 def measure(steps: int, concurrency: int = 4) -> Memory:
     """Start one dispatcher, read its RSS at rest, then feed it ``steps`` steps, sampling its RSS."""
-    from django.db import transaction
-
     from pgbus_workflows.models import WorkflowRun
     from tests.testapp.workflows import NoOp3
 
@@ -90,9 +87,7 @@ def measure(steps: int, concurrency: int = 4) -> Memory:
             if dispatcher.poll() is not None:
                 raise RuntimeError(f"the dispatcher exited with {dispatcher.returncode}")
             if started < runs and started - done < BACKLOG:
-                with transaction.atomic():
-                    for _ in range(min(BATCH, runs - started)):
-                        NoOp3.start()
+                NoOp3.start_many([None] * min(BATCH, runs - started))
                 started += min(BATCH, runs - started)
             else:
                 time.sleep(0.05)

@@ -64,12 +64,23 @@ class Sizes:
     repeat: int
     latency_samples: int
     cost_calls: int
+    many_runs: int
     rss_steps: int
     pgbench_seconds: int
 
 
-FULL = Sizes(runs=2000, repeat=3, latency_samples=200, cost_calls=500, rss_steps=rss.DEFAULT_STEPS, pgbench_seconds=10)
-QUICK = Sizes(runs=300, repeat=1, latency_samples=50, cost_calls=100, rss_steps=20_000, pgbench_seconds=3)
+FULL = Sizes(
+    runs=2000,
+    repeat=3,
+    latency_samples=200,
+    cost_calls=500,
+    many_runs=10_000,
+    rss_steps=rss.DEFAULT_STEPS,
+    pgbench_seconds=10,
+)
+QUICK = Sizes(
+    runs=300, repeat=1, latency_samples=50, cost_calls=100, many_runs=2000, rss_steps=20_000, pgbench_seconds=3
+)
 
 
 def client(*args: str) -> Any:
@@ -123,14 +134,21 @@ class StartCost:
     cpu_ms: float
     executes: float
     statements: float
+    #: ``start_many()``: runs inserted per second (the median of three calls), and CPU µs per run.
+    many_rate: float
+    many_cpu_us: float
 
 
-def start_cost(calls: int) -> StartCost:
-    """``calls`` NoOp3 starts by the client with no dispatcher running."""
+def start_cost(calls: int, many_runs: int) -> StartCost:
+    """``calls`` NoOp3 starts by the client with no dispatcher running, then ``start_many()`` of ``many_runs``."""
     report = client("cost", "--calls", str(calls))
     [wall_ms] = quantiles_ms(report["wall"], 50)
     cpu_ms = statistics.fmean(report["cpu"]) * 1000
-    return StartCost(wall_ms, cpu_ms, report["executes"] / calls, sum(report["statements"].values()) / calls)
+    bulk = client("many", "--runs", str(many_runs))
+    rate = many_runs / statistics.median(bulk["wall"])
+    cpu_us = statistics.median(bulk["cpu"]) / many_runs * 1e6
+    executes, statements = report["executes"] / calls, sum(report["statements"].values()) / calls
+    return StartCost(wall_ms, cpu_ms, executes, statements, rate, cpu_us)
 
 
 @dataclass(frozen=True)
@@ -144,7 +162,7 @@ class Ours:
 
 def measure_ours(sizes: Sizes) -> Ours:
     """``start()`` at idle, every trickle configuration, idle latency."""
-    cost = start_cost(sizes.cost_calls)
+    cost = start_cost(sizes.cost_calls, sizes.many_runs)
     trickles = {config: median_trickle(sizes.runs, *config, sizes.repeat) for config in CONFIGS}
     return Ours(cost, trickles, idle_latency(sizes.latency_samples))
 
@@ -249,6 +267,14 @@ def rows(tps: float, sizes: Sizes, ours: Ours, peer: Peer | None, memory: rss.Me
             f"{cost.wall_ms:.2f}, {cost.cpu_ms:.2f}, {cost.statements:.0f} in {cost.executes:.0f} executes",
             "",
             f"p50 ≤ 1 ms ({verdict(cost.wall_ms <= 1)})",
+        )
+    )
+    table.append(
+        (
+            f"`start_many()` of {sizes.many_runs:,} runs: runs/s (CPU µs per run)",
+            f"{cost.many_rate:,.0f} ({cost.many_cpu_us:.0f})",
+            f"{cost.many_rate / tps:.2f}",
+            f"≥ 10,000 runs/s ({verdict(cost.many_rate >= 10_000)})",
         )
     )
     table.append(

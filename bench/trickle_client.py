@@ -3,6 +3,7 @@
     python -m bench.trickle_client trickle --runs 2000   # NoOp3.start() back to back
     python -m bench.trickle_client latency --samples 200 # Probe.start(), wait for it, 10 ms pause
     python -m bench.trickle_client cost --calls 500      # NoOp3.start() with no dispatcher running
+    python -m bench.trickle_client many --runs 10000     # NoOp3.start_many(), three times
 
 Each call is its own transaction (autocommit, no outer ``atomic``), on the bench database
 (the parent's ``DATABASE_URL``). Before measuring, the connection is opened and one start is
@@ -120,6 +121,20 @@ def cost(calls: int) -> dict[str, Any]:
     return {"wall": walls, "cpu": cpus, "executes": executes, "statements": statements}
 
 
+def many(runs: int, repeat: int = 3) -> dict[str, Any]:
+    """The wall and CPU seconds of ``repeat`` ``start_many()`` calls of ``runs`` items each (an import)."""
+    from tests.testapp.workflows import NoOp3
+
+    walls, cpus = [], []
+    for number in range(repeat):
+        items = [{"arguments": {"row": n}, "idempotency_key": f"import-{number}-{n}"} for n in range(runs)]
+        wall, cpu = time.perf_counter(), time.process_time()
+        NoOp3.start_many(items)
+        cpus.append(time.process_time() - cpu)
+        walls.append(time.perf_counter() - wall)
+    return {"runs": runs, "wall": walls, "cpu": cpus}
+
+
 def main() -> None:
     """Parse the mode, warm up, measure, print the JSON document."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -127,12 +142,15 @@ def main() -> None:
     modes.add_parser("trickle").add_argument("--runs", type=int, default=2000)
     modes.add_parser("latency").add_argument("--samples", type=int, default=200)
     modes.add_parser("cost").add_argument("--calls", type=int, default=500)
+    modes.add_parser("many").add_argument("--runs", type=int, default=10_000)
     args = parser.parse_args()
     warm_up()
     if args.mode == "trickle":
         result = trickle(args.runs)
     elif args.mode == "latency":
         result = latency(args.samples)
+    elif args.mode == "many":
+        result = many(args.runs)
     else:
         result = cost(args.calls)
     print(json.dumps(result))

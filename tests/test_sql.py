@@ -178,3 +178,31 @@ def test_rows_written_with_shared_values_read_back_as_written():
         (r.workflow_id, {"n": n}, "a") for n, r in enumerate(runs)
     ]
     assert [r.pk for r in runs] == [r.pk for r in stored]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_commits_without_waiting_for_the_disk_and_nothing_after_it_does():
+    Counted.start()
+    seen = []
+
+    def record(execute, text, params, many, context):
+        seen.append(text)
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(record):
+        (claimed,) = claim_due_steps(10)
+    assert seen[0] == sql.statement("commit_without_flush")  # with the claim's BEGIN, in its first round trip
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"  # SET LOCAL: the claim's transaction only
+    execute_step(claimed)
+
+
+def test_a_claim_inside_the_callers_transaction_leaves_its_commit_alone():
+    Counted.start()
+    with transaction.atomic():
+        (claimed,) = claim_due_steps(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == "on"
+    execute_step(claimed)

@@ -37,12 +37,13 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
         return []
     now = clock.now()
     queue_list = None if queues is None else list(queues)
+    own_transaction = not transaction.get_connection().in_atomic_block
     with transaction.atomic():
         for _ in range(_MAX_PASSES):
             # Names seen before and still unknown are left out in SQL: the normal case (every
             # dispatcher on the same code) sends the same statement as before, no filter.
             unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
-            due = _due(limit, queue_list, now, unknown)
+            due = _due(limit, queue_list, now, unknown, own_transaction)
             new = {(run.workflow_class, step.step_name) for run, step in due if not can_run_step(*_names(run, step))}
             if not new:
                 break
@@ -64,14 +65,15 @@ _MAX_PASSES = 5
 
 
 def _due(
-    limit: int, queues: list[str] | None, now: Any, unknown: list[tuple[str, str]]
+    limit: int, queues: list[str] | None, now: Any, unknown: list[tuple[str, str]], own_transaction: bool
 ) -> list[tuple[WorkflowRun, WorkflowStep]]:
     """Due steps of ready runs with their runs, locked (PostgreSQL: both rows, one round trip).
 
     With SKIP LOCKED: a run another dispatcher (or an operator) holds is passed over, not
     waited for. The order is the partial index ``pgbus_wf_step_due``'s; ``unknown`` pairs
     are left out. On SQLite (one writer at a time) the rows are only read: :func:`_claim`
-    locks them again as every unit of work does.
+    locks them again as every unit of work does. ``own_transaction``: the claim is a
+    transaction of its own (not the caller's), whose commit need not wait for the disk.
     """
     if not sql.postgresql():
         due = WorkflowStep.objects.select_related("run").filter(
@@ -86,8 +88,11 @@ def _due(
     for pair in unknown:
         params.extend(pair)
     params.append(limit)
-    # In a pipeline: the transaction's BEGIN goes in the same round trip.
+    # In a pipeline: the transaction's BEGIN goes in the same round trip. The claim's commit
+    # need not wait for the disk (see ``commit_without_flush``): the outcome's commit does.
     with sql.pipeline() as cursor:
+        if own_transaction:
+            cursor.execute(sql.statement("commit_without_flush"))
         cursor.execute(sql.statement("due_steps", queues is not None, len(unknown)), params)
         found = cursor.fetchall()
     split = len(WorkflowRun._meta.concrete_fields)

@@ -356,6 +356,16 @@ def bound_transaction(conn: Any) -> str:
     )
 
 
+@builds("commit_without_flush")
+def commit_without_flush(conn: Any) -> str:
+    """This transaction's commit does not wait for its WAL to reach the disk (PostgreSQL).
+
+    For claims only: a claim lost in a server crash leaves its step scheduled, and it runs
+    again, as a claim kept by the crash would (the attempt stalls, then reattempts).
+    """
+    return "SELECT set_config('synchronous_commit', 'off', true)"
+
+
 @builds("constraints_immediate")
 def constraints_immediate(conn: Any) -> str:
     """Check the deferred constraints now (PostgreSQL)."""

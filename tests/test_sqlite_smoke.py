@@ -136,7 +136,15 @@ from django.core.management import call_command; call_command("migrate", verbosi
 from tests.testapp.workflows import NoOp3
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.executor import run_due_steps
-handles = NoOp3.start_many([{"arguments": {"n": n}, "idempotency_key": f"k{n}"} for n in range(1200)])
+from django.db import connection
+inserts = []
+def count(execute, sql, params, many, context):
+    if sql.startswith('INSERT INTO "pgbus_workflows_workflowrun"'):
+        inserts.append(len(params))
+    return execute(sql, params, many, context)
+with connection.execute_wrapper(count):
+    handles = NoOp3.start_many([{"arguments": {"n": n}, "idempotency_key": f"k{n}"} for n in range(1200)])
+assert len(inserts) == 3 and max(inserts) < 32766, inserts  # chunks of 500 rows, under SQLite's default cap
 (again,) = NoOp3.start_many([{"arguments": {"n": 5}, "idempotency_key": "k5"}])
 assert again.duplicate_start and again.workflow_id == handles[5].workflow_id
 counts = [model.objects.count() for model in (WorkflowRun, WorkflowStep, WorkflowEvent)]
@@ -148,7 +156,7 @@ print("ok")
 
 
 def test_start_many_writes_in_chunks_on_sqlite(tmp_path):
-    """SQLite caps the parameters of a statement: 1,200 runs go in chunks, with start()'s rules."""
+    """SQLite caps a statement's parameters (32,766 by default): 1,200 runs go in chunks of 500."""
     env = {**sqlite_env(tmp_path / "many.sqlite3"), "DJANGO_SETTINGS_MODULE": "tests.settings"}
     result = subprocess.run(
         [sys.executable, "-c", START_MANY_ON_SQLITE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import bench.common  # noqa: F401 - points Django at the bench database
+from bench.calls import back_to_back
 
 
 def warm_up() -> None:
@@ -38,18 +39,10 @@ def warm_up() -> None:
 
 
 def trickle(runs: int) -> dict[str, Any]:
-    """``runs`` NoOp3 starts as fast as one process makes them: the wall clock of the first call,
-    and each call's wall and CPU seconds."""
+    """``runs`` NoOp3 starts back to back (:func:`bench.calls.back_to_back`)."""
     from tests.testapp.workflows import NoOp3
 
-    walls, cpus = [], []
-    first_call = time.time()
-    for _ in range(runs):
-        wall, cpu = time.perf_counter(), time.process_time()
-        NoOp3.start()
-        cpus.append(time.process_time() - cpu)
-        walls.append(time.perf_counter() - wall)
-    return {"first_call": first_call, "last_return": time.time(), "wall": walls, "cpu": cpus}
+    return back_to_back(NoOp3.start, runs)
 
 
 def latency(samples: int, pause: float = 0.01, poll: float = 0.002) -> dict[str, Any]:

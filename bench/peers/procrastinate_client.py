@@ -18,19 +18,13 @@ from typing import Any
 
 import psycopg
 
+from bench.calls import back_to_back
 from bench.peers.procrastinate_app import app, chain_a, probe
 
 
 def trickle(runs: int) -> dict[str, Any]:
-    """``runs`` chains deferred back to back: the wall clock of the first call, each call's wall and CPU seconds."""
-    walls, cpus = [], []
-    first_call = time.time()
-    for _ in range(runs):
-        wall, cpu = time.perf_counter(), time.process_time()
-        chain_a.defer()
-        cpus.append(time.process_time() - cpu)
-        walls.append(time.perf_counter() - wall)
-    return {"first_call": first_call, "last_return": time.time(), "wall": walls, "cpu": cpus}
+    """``runs`` chains deferred back to back (:func:`bench.calls.back_to_back`)."""
+    return back_to_back(chain_a.defer, runs)
 
 
 def latency(samples: int, pause: float = 0.01, poll: float = 0.002) -> dict[str, Any]:

@@ -120,20 +120,9 @@ class RunLedger:
             actor=actor,
         )
 
-    def event(
-        self,
-        kind: str,
-        *,
-        actor: str | None = None,
-        reason: str | None = None,
-        step: WorkflowStep | None = None,
-        details: dict[str, Any] | None = None,
-        transition: tuple[str, str, str] | None = None,
-    ) -> None:
-        """Record an audit event (written with the rest of the unit of work)."""
-        self._events.append(
-            self.new_event(kind, actor=actor, reason=reason, step=step, details=details, transition=transition)
-        )
+    def event(self, kind: str, **fields: Any) -> None:
+        """Record an audit event (written with the rest of the unit of work); ``fields`` as :meth:`new_event`."""
+        self._events.append(self.new_event(kind, **fields))
 
     def new_event(
         self,

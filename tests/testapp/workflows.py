@@ -218,3 +218,18 @@ class Probe(Workflow):
     @step
     def only(self):
         return {"body_at": time.time()}
+
+
+class FailsFirst(Workflow):
+    """Its first step raises on its first attempt: the run pauses on that error (stuck: paused_on_error)."""
+
+    name = "fails_first"
+
+    @step
+    def flaky(self):
+        if self.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+
+    @step
+    def after(self):
+        mark(self, "after-flaky")

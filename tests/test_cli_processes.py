@@ -46,6 +46,10 @@ def test_a_real_process_exits_0_when_done_and_1_with_one_line_on_stderr_when_ref
     assert code == 0, err
     assert [(row["workflow_id"], row["status"]) for row in json.loads(out)] == [(wid(wf), "paused")]
 
+    code, out, err = finish(manage("list", "--status", "nope"))
+    assert (code, out) == (2, "")  # argparse: its usage, then the error
+    assert err.splitlines()[-1].startswith("manage.py workflows list: error: argument --status: invalid choice: 'nope'")
+
     code, out, err = finish(manage("show", "nope"))
     assert (code, out) == (1, "")
     assert err == "CommandError: 'nope' is not a workflow id (its 32 hex digits, or the first 8 or more)\n"

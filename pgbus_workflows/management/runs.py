@@ -13,11 +13,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.utils import timezone
 
 from .. import clock
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -220,8 +218,3 @@ def pending_signals(run: WorkflowRun, limit: int) -> tuple[list[WorkflowSignal],
 def active_attempt(run: WorkflowRun) -> WorkflowStep | None:
     """The run's scheduled, in-progress or waiting attempt, if any."""
     return WorkflowStep.objects.filter(run_id=run.pk).active().order_by("-pk").first()
-
-
-def as_of(now: datetime) -> str:
-    """A time as the terminal shows it: local time, to the second."""
-    return timezone.localtime(now).strftime("%Y-%m-%d %H:%M:%S")

@@ -64,6 +64,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             errors.append(_error(key, f"must be a non-empty string, got {value!r}", "E007"))
         elif len(value.encode("utf-8")) > _MAX_BYTES[key]:
             errors.append(_error(key, f"must be at most {_MAX_BYTES[key]} bytes, got {len(value.encode())}", "E010"))
+    if not isinstance(raw.get("PREPARED_STATEMENTS", True), bool):
+        errors.append(
+            _error("PREPARED_STATEMENTS", f"must be True or False, got {raw['PREPARED_STATEMENTS']!r}", "E011")
+        )
     module = raw.get("AUTODISCOVER_MODULE", "workflows")
     if module is not None and (not isinstance(module, str) or not module):
         errors.append(_error("AUTODISCOVER_MODULE", f"must be a module name or None, got {module!r}", "E008"))

@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "BATCH_SIZE": 100,
     "MAX_STALLS": 5,
     "UNKNOWN_STEP_GRACE": 600,
+    "PREPARED_STATEMENTS": True,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` or ``0`` (keep forever).
@@ -75,6 +76,7 @@ class WorkflowSettings:
     BATCH_SIZE: int
     MAX_STALLS: int | None
     UNKNOWN_STEP_GRACE: timedelta
+    PREPARED_STATEMENTS: bool
 
     def user_values(self) -> dict[str, Any]:
         """The raw dict the project set (empty when it set none)."""

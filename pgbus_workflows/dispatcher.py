@@ -283,7 +283,8 @@ class WorkflowDispatcher:
                     if not probed:
                         probed = True
                         if probe_listen(conn, channel):
-                            sql.prepare_statements(conn)  # a session of our own: prepared statements are safe
+                            if settings.PREPARED_STATEMENTS:  # a session of our own: they are safe
+                                sql.prepare_statements(conn)
                         else:
                             logger.warning(
                                 "LISTEN on %s does not receive notifications (a connection pool in "

@@ -272,6 +272,7 @@ def test_defaults(settings):
     assert wf_settings.DISPATCHER_DEAD_AFTER == timedelta(seconds=60)
     assert wf_settings.NOTIFY_CHANNEL == "pgbus_workflows"
     assert wf_settings.AUTODISCOVER_MODULE == "workflows"
+    assert wf_settings.PREPARED_STATEMENTS is True
 
 
 def test_an_empty_dict_gives_the_defaults():
@@ -394,6 +395,11 @@ def _check(value):
             "PGBUS_WORKFLOWS['MAX_PAYLOAD_SIZE'] must be a positive",
         ),
         ({"MAX_PAYLOAD_SIZE": True}, "pgbus_workflows.E006", "PGBUS_WORKFLOWS['MAX_PAYLOAD_SIZE'] must be a positive"),
+        (
+            {"PREPARED_STATEMENTS": "no"},
+            "pgbus_workflows.E011",
+            "PGBUS_WORKFLOWS['PREPARED_STATEMENTS'] must be True or",
+        ),
         (
             {"DEFAULT_QUEUE": ""},
             "pgbus_workflows.E007",

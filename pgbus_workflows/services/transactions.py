@@ -110,7 +110,7 @@ def _identify() -> tuple[str | None, int | None]:
     """This transaction's id (assigned now) and this connection's server process, on PostgreSQL."""
     if not sql.postgresql():
         return None, None
-    with sql.cursor() as cursor:
+    with sql.pipeline() as cursor:  # the transaction's BEGIN goes in the same round trip
         cursor.execute(sql.statement("transaction_id"))
         row: Any = cursor.fetchone()
     return row[0], row[1]

@@ -84,11 +84,12 @@ def prepare_statements(conn: psycopg.Connection[Any]) -> None:
 
     Off until called, as Django leaves prepared statements off by default: a pooler in
     transaction mode (PgBouncer before 1.21) hands a client another server connection
-    between transactions, where a statement prepared on the first does not exist. The
-    dispatcher calls it with its LISTEN connection once the probe proves a server session
-    of its own there (a direct connection or a session-mode pool): from then on, every
-    connection of the process to the same host and port prepares. A ``prepare_threshold``
-    set in the database's ``OPTIONS`` is kept (psycopg then also prepares by repetition).
+    between transactions, where a statement prepared on the first does not exist. A
+    dispatcher needs a session of its own anyway (for LISTEN): it calls this with its LISTEN
+    connection once the probe received its notification there, unless the setting
+    ``PREPARED_STATEMENTS`` is False; from then on, every connection of the process to the
+    same host and port prepares. A ``prepare_threshold`` set in the database's ``OPTIONS``
+    is kept (psycopg then also prepares by repetition).
     """
     _prepared_at.add(_endpoint(conn))
 

@@ -140,8 +140,13 @@ class WorkerPool:
             return
         with self._cond:
             self._held.update(work_key(work) for work in works)
-            (self._shared if lane is None else lane.queue).extend((work, verify) for work in works)
-            self._cond.notify_all()
+            if lane is not None:
+                lane.queue.extend((work, verify) for work in works)
+                return  # a lane is filled by its own worker, which is awake: nobody to wake
+            self._shared.extend((work, verify) for work in works)
+            # At most one idle worker per claim: waking all of them (16 threads, say) for one
+            # step costs every other one a trip through the lock and the GIL for nothing.
+            self._cond.notify(len(works))
 
     def _release(self, works: Sequence[Work]) -> None:
         with self._cond:

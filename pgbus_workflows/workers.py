@@ -37,6 +37,9 @@ logger = logging.getLogger("pgbus_workflows")
 BATCH_WINDOW = 0.02
 
 Work = WorkflowStep | FanOutJob
+#: How many workers run quick bodies while the others sleep (see ``WorkerPool._leave_to_awake``).
+AWAKE_FOR_QUICK = 2
+
 #: Claimed work and whether to re-check it before its body runs (a claim by the loop may be
 #: cancelled before it starts; a step claimed by the transaction that just ended cannot).
 Queued = tuple[Work, bool]
@@ -50,8 +53,10 @@ def work_key(work: Work) -> tuple[str, int]:
 class _Lane:
     """One worker's own queue (the steps its transactions claimed), what it runs and has not written."""
 
-    def __init__(self, number: int) -> None:
+    def __init__(self, number: int, lock: threading.RLock) -> None:
         self.number = number
+        #: What its worker waits on when idle (on the pool's lock): the pool wakes one worker, not all.
+        self.wakeup = threading.Condition(lock)
         self.queue: deque[Queued] = deque()
         #: ``time.monotonic()`` when its current body started; None between bodies.
         self.body_since: float | None = None
@@ -59,6 +64,10 @@ class _Lane:
         self.current: Work | None = None
         #: Outcomes and job ends run and not yet written (kept here so a dead thread's are not lost).
         self.batch = _Batch()
+        #: Whether its worker waits for work.
+        self.idle = False
+        #: ``time.monotonic()`` when its worker last came for work (not when a wait merely timed out).
+        self.came_at = 0.0
 
 
 class WorkerPool:
@@ -82,8 +91,12 @@ class WorkerPool:
         self._on_free = on_free  # a claim ended: the loop may claim more
         self._on_lost = on_lost  # a claim's end could not be written: recover orphans
         self._shared: deque[Queued] = deque()
-        self._lanes = [_Lane(n) for n in range(size)]
-        self._cond = threading.Condition()
+        #: ``time.monotonic()`` since when the shared queue's oldest work has waited (about).
+        self._shared_since = 0.0
+        self._cond = threading.RLock()
+        self._lanes = [_Lane(n, self._cond) for n in range(size)]
+        #: Idle workers' lanes: the one that worked last is woken first (the warmest).
+        self._idle: set[_Lane] = set()
         # work_key of every claim held: queued, running, or its outcome not yet written.
         self._held: set[tuple[str, int]] = set()
         # How long bodies take (a moving average): sizes the claims so batches stay short.
@@ -110,7 +123,7 @@ class WorkerPool:
         Call after ``stopping`` is set. Returns True when some are still running.
         """
         with self._cond:
-            self._cond.notify_all()
+            self._wake_all()
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
         return any(thread.is_alive() for thread in self._threads)
@@ -143,16 +156,30 @@ class WorkerPool:
             if lane is not None:
                 lane.queue.extend((work, verify) for work in works)
                 return  # a lane is filled by its own worker, which is awake: nobody to wake
+            if not self._shared:
+                self._shared_since = time.monotonic()
             self._shared.extend((work, verify) for work in works)
             # At most one idle worker per claim: waking all of them (16 threads, say) for one
             # step costs every other one a trip through the lock and the GIL for nothing.
-            self._cond.notify(len(works))
+            self._wake_idle(len(works))
+
+    def _wake_idle(self, count: int) -> None:
+        """Wake up to ``count`` idle workers, the one that worked last first (its caches are warm). Lock held."""
+        for _ in range(min(count, len(self._idle))):
+            warmest = max(self._idle, key=lambda lane: lane.came_at)
+            self._idle.discard(warmest)
+            warmest.wakeup.notify()
+
+    def _wake_all(self) -> None:
+        """Wake every idle worker (to see ``stopping``, or a queue behind a body). Lock held."""
+        for lane in self._lanes:
+            lane.wakeup.notify()
 
     def _release(self, works: Sequence[Work]) -> None:
         with self._cond:
             self._held.difference_update(work_key(work) for work in works)
             if self._stopping.is_set():
-                self._cond.notify_all()  # idle workers waiting for the last claims may exit
+                self._wake_all()  # idle workers waiting for the last claims may exit
         self._on_free()
 
     def _take(self, lane: _Lane, wait: bool) -> Queued | None:
@@ -160,12 +187,15 @@ class WorkerPool:
 
         None when there is none and ``wait`` is false, or when stopping and nothing is held.
         """
+        woken = False
+        lane.came_at = time.monotonic()
         while True:
             with self._cond:
                 while True:
                     if lane.queue:
                         return lane.queue.popleft()
-                    if self._shared:
+                    leave = self._leave_to_awake(lane) if woken and self._shared else None
+                    if self._shared and leave is None:
                         chunk = self._share()
                         break
                     stolen, patience = self._steal()
@@ -173,13 +203,37 @@ class WorkerPool:
                         return stolen
                     if not wait or (self._stopping.is_set() and not self._held):
                         return None
-                    self._cond.wait(patience)
+                    lane.idle = True
+                    self._idle.add(lane)
+                    try:
+                        lane.wakeup.wait(patience if leave is None else min(patience, leave))
+                    finally:
+                        lane.idle, woken = False, True
+                        self._idle.discard(lane)  # woken by a timeout or by all: not taken by a hand-out
             self._check(chunk, lane)
+
+    def _leave_to_awake(self, lane: _Lane) -> float | None:
+        """How long a worker just woken leaves the shared work to those already awake; None: it takes it.
+
+        While bodies are quick, ``AWAKE_FOR_QUICK`` awake workers run everything: each one's
+        outcomes then commit together, where work spread over 16 threads would cost a commit
+        per step (and the client's CPU, on a small machine). Work that waits ``BATCH_WINDOW``
+        anyway is taken. Call with the lock held.
+        """
+        if not self._body_seconds or self._body_seconds * 10 > BATCH_WINDOW:
+            return None
+        awake = sum(1 for other in self._lanes if other is not lane and not other.idle)
+        if awake < AWAKE_FOR_QUICK:
+            return None
+        left = self._shared_since + BATCH_WINDOW - time.monotonic()
+        return left if left > 0 else None
 
     def _share(self) -> list[Queued]:
         """This worker's part of the shared queue: an even share, at most a batch."""
         count = min(self.batch_size, max(1, len(self._shared) // max(self.size, 1)))
-        return [self._shared.popleft() for _ in range(count)]
+        chunk = [self._shared.popleft() for _ in range(count)]
+        self._shared_since = time.monotonic()  # what is left has waited from now on, near enough
+        return chunk
 
     def _check(self, chunk: list[Queued], lane: _Lane) -> None:
         """Re-check claims (one query for the chunk); queue those still in progress on ``lane``."""
@@ -264,9 +318,11 @@ class WorkerPool:
         if current is not None and work_key(current) in self.held():
             self._lost([current])
         with self._cond:
+            if not self._shared:
+                self._shared_since = time.monotonic()
             self._shared.extend(lane.queue)
             lane.queue.clear()
-            self._cond.notify_all()
+            self._wake_all()
         if not self._stopping.is_set():
             self.replaced += 1
             thread = self._threads[lane.number] = self._thread(lane)
@@ -277,7 +333,7 @@ class WorkerPool:
         lane.body_since = time.monotonic()
         if lane.queue:
             with self._cond:
-                self._cond.notify_all()
+                self._wake_all()
         return lane.body_since
 
     def _leave_body(self, lane: _Lane, began: float) -> None:

@@ -1,0 +1,81 @@
+"""Which of a dispatcher's worker threads run the work: few awake ones while bodies are quick.
+
+Steps arriving one at a time (web requests starting runs) would each wake the longest idle
+thread of sixteen; the most recently idle is woken instead, and while two workers are awake
+the others leave quick work to them. Work never waits long behind a body that turned out slow.
+"""
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from pgbus_workflows import workers as workers_module
+from pgbus_workflows.models import WorkflowStep
+from pgbus_workflows.services.claims import claim_due_steps, claim_step
+from pgbus_workflows.workers import WorkerPool
+from tests.procs import eventually
+from tests.testapp.models import SideEffect
+from tests.testapp.workflows import NoOp3, Slow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def pool_of():
+    """A started pool of ``size`` workers, stopped (every claim finished) after the test."""
+    started = []
+
+    def make(size):
+        stopping, lost = threading.Event(), threading.Event()
+        pool = WorkerPool(name="w", queues=None, size=size, stopping=stopping, on_free=lambda: None, on_lost=lost.set)
+        pool.start()
+        started.append((pool, stopping, lost))
+        return pool
+
+    yield make
+    for pool, stopping, lost in started:
+        stopping.set()
+        assert not pool.join(time.monotonic() + 30), "a worker did not finish"
+        assert not lost.is_set()
+
+
+def test_steps_arriving_one_at_a_time_run_on_the_warm_worker_not_on_each_of_sixteen(pool_of, monkeypatch):
+    writers = Counter()
+    real_apply = workers_module.apply_outcomes
+
+    def counted(performed, chain):
+        writers[threading.current_thread().name] += 1
+        return real_apply(performed, chain)
+
+    monkeypatch.setattr(workers_module, "apply_outcomes", counted)
+    pool = pool_of(16)
+    for _ in range(30):
+        wf = NoOp3.start()
+        step = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
+        pool.hand_out([claim_step(step.pk, claimed_by="w")], verify=True)
+        eventually(lambda wf=wf: wf.reload().status == "finished", what="the run to finish")
+        eventually(lambda: len(pool._idle) == 16, what="every worker idle again")
+
+    # The worker that worked last is woken each time; the longest idle would be each of the sixteen in turn.
+    assert len(writers) == 1 and sum(writers.values()) == 90, writers
+
+
+def test_a_quick_step_is_not_held_up_behind_awake_workers_whose_bodies_turned_out_slow(pool_of):
+    pool = pool_of(4)
+    warm = [NoOp3.start() for _ in range(5)]
+    pool.hand_out(claim_due_steps(5, claimed_by="w"), verify=True)
+    eventually(lambda: all(wf.reload().status == "finished" for wf in warm), what="the quick bodies")
+    slow = [Slow.start(seconds=3) for _ in range(2)]
+    pool.hand_out(claim_due_steps(2, claimed_by="w"), verify=True)
+    eventually(lambda: SideEffect.objects.filter(label="slow-start").count() == 2, what="both slow bodies")
+
+    quick = NoOp3.start()
+    handed = time.monotonic()
+    pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)
+    eventually(lambda: quick.reload().current_step != "a", what="the quick step to run")
+
+    assert time.monotonic() - handed < 1.5
+    assert not SideEffect.objects.filter(label="slow-end").exists(), "it waited for a slow body"
+    eventually(lambda: all(wf.reload().status == "finished" for wf in slow), what="the slow runs")

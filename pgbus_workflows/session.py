@@ -1,4 +1,4 @@
-"""Connections of the dispatcher's own, beside Django's: the LISTEN connection and the sweep lock.
+"""Connections of the dispatcher's own, beside Django's: the LISTEN connection, the sweep and schedule locks.
 
 Both must be right behind a connection pool in transaction mode (PgBouncer's
 ``pool_mode = transaction``), where consecutive transactions of one client may run on
@@ -62,6 +62,18 @@ class TransactionLock:
             conn.close()
             return False
         self._conn = conn
+        return True
+
+    def held(self) -> bool:
+        """Whether the lock is still held: its connection still answers (a lost connection lost the lock)."""
+        if self._conn is None:
+            return False
+        try:
+            self._conn.execute(statement("database_clock")).fetchone()
+        except psycopg.Error:
+            conn, self._conn = self._conn, None
+            conn.close()  # the server ended the transaction, or will when it sees the connection go
+            return False
         return True
 
     def release(self) -> None:

@@ -84,6 +84,11 @@ class Command(BaseCommand):
         sweep.add_argument("--no-sweep", action="store_true", help="never run the sweep in this process")
         sweep.add_argument("--sweep-only", action="store_true", help="run only the sweep (no steps)")
         parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="never fire schedule ticks in this process (another dispatcher leads them)",
+        )
+        parser.add_argument(
             "--shutdown-timeout",
             type=non_negative_seconds,
             default=30.0,
@@ -101,6 +106,7 @@ class Command(BaseCommand):
             sweep=not options["no_sweep"],
             sweep_only=options["sweep_only"],
             shutdown_timeout=options["shutdown_timeout"],
+            schedules=not options["no_schedules"],
         )
         try:
             code = dispatcher.run()

@@ -96,6 +96,8 @@ def fire_schedule(pk: int, now: datetime) -> list[Workflow]:
             break
         if handle is not None:
             started.append(handle)
+        if schedule.due_at is None or schedule.due_at > now:
+            break  # the usual case: one tick was due (no second look under a lock)
     return started
 
 
@@ -134,7 +136,9 @@ def _previous(schedule: WorkflowSchedule, tick: datetime) -> datetime:
 def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str) -> Workflow | None:
     """Start the tick's run as the overlap policy allows (None: skipped, or the tick already has its run)."""
     cls = registry.class_for(schedule.workflow_class)
-    ongoing = list(WorkflowRun.objects.ongoing().filter(schedule_id=schedule.pk).order_by("pk"))
+    ongoing = []
+    if schedule.overlap != "allow":
+        ongoing = list(WorkflowRun.objects.ongoing().filter(schedule_id=schedule.pk).order_by("pk"))
     if ongoing and schedule.overlap == "skip":
         runs = [str(run.workflow_id) for run in ongoing]
         _event(schedule, ScheduleEventKind.TICK_SKIPPED, run=ongoing[-1], scheduled_for=tick, ongoing=runs)

@@ -5,16 +5,19 @@ dispatcher's leader calls; the process tests (``test_schedule_processes``) fire 
 dispatchers.
 """
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.core.checks import Tags, run_checks
 from django.db import IntegrityError, transaction
 
 from pgbus_workflows import ConfigurationError, InvalidTransition, PayloadTooLarge, Schedule, Workflow, step
 from pgbus_workflows.models import ScheduleEvent, WorkflowEvent, WorkflowRun, WorkflowSchedule
 from pgbus_workflows.schedules import jitter_offset
 from pgbus_workflows.services import schedules as schedule_verbs
-from pgbus_workflows.services.firing import fire_schedule
+from pgbus_workflows.services.firing import fire_due, fire_schedule
 from pgbus_workflows.testing import WorkflowTestMixin, tick_schedules
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import Ticked, YearlyReport
@@ -24,6 +27,10 @@ pytestmark = pytest.mark.django_db
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
+
+
+def database_checks():
+    return {m.id: m for m in run_checks(tags=[Tags.database], databases=["default"]) if m.id.startswith("pgbus")}
 
 
 def events(schedule, kind):
@@ -324,3 +331,40 @@ class TestOperatorVerbs(WorkflowTestMixin):
             schedule_verbs.fire_now(schedule.pk, actor="alice")
         assert WorkflowRun.objects.count() == 1
         assert WorkflowEvent.objects.filter(kind="started", actor="alice").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_firing_passes_over_a_schedule_an_operator_holds_and_never_fires_it_once_paused():
+    schedule = every_minute(overlap="allow")
+    locked, release = threading.Event(), threading.Event()
+
+    def pause_slowly():
+        with transaction.atomic():
+            paused = schedule_verbs.pause(schedule.pk, actor="alice")
+            locked.set()
+            release.wait(10)  # the pause's transaction, and its lock on the schedule, stay open
+            return paused
+
+    operator = Worker(pause_slowly)
+    operator.start()
+    assert locked.wait(10)
+    began = time.monotonic()
+    assert fire_due(T0 + MINUTE) == []  # passed over at once: the firer never waits for a lock
+    assert time.monotonic() - began < 5
+    release.set()
+    assert operator.finish().paused
+    assert fire_due(T0 + MINUTE) == []  # paused
+    assert not WorkflowRun.objects.exists()
+
+
+def test_the_database_check_reports_schedules_of_a_class_the_code_does_not_define():
+    assert "pgbus_workflows.W010" not in database_checks()
+    for name, cron in (("nightly", "0 3 * * *"), ("hourly", "0 * * * *")):
+        WorkflowSchedule.objects.create(
+            workflow_class="from_newer_code", name=name, cron=cron, next_fire_at=T0, due_at=T0
+        )
+
+    found = database_checks()["pgbus_workflows.W010"]
+    assert "2 schedule(s) of workflow class 'from_newer_code'" in found.msg
+    assert "pause or delete" in found.hint
+    assert tick_schedules(now=T0 + timedelta(days=400)) == []  # a leader with this code does not fire them

@@ -25,7 +25,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.timesince import timeuntil
+from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
 from . import clock
@@ -192,7 +192,10 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         if schedule.next_fire_at is None:
             return ""
         when = schedule.next_fire_at.strftime("%Y-%m-%d %H:%M:%S UTC")
-        return f"{when} ({_('in')} {timeuntil(schedule.next_fire_at, clock.now())})"
+        now = clock.now()
+        if schedule.next_fire_at <= now:  # no leader fired it yet (all dispatchers down?)
+            return f"{when} ({_('due')} {timesince(schedule.next_fire_at, now, depth=1)} {_('ago')})"
+        return f"{when} ({_('in')} {timeuntil(schedule.next_fire_at, now)})"
 
     @admin.display(description=_("last run"))
     def last_run_link(self, schedule: WorkflowSchedule) -> SafeString | str:

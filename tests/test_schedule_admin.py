@@ -52,6 +52,7 @@ def test_the_list_shows_next_fire_times_the_cron_in_words_and_the_last_run_with_
     nightly.refresh_from_db()
     assert nightly.next_fire_at.strftime("%Y-%m-%d %H:%M:%S UTC") in html
     assert run_page(wf) in html and "2026-06-01 12:01:00" in html and "pgbus-s-ready" in html
+    assert "2026-06-01 12:02:00 UTC (due " in html  # a tick no leader fired yet says so
 
 
 def test_a_schedule_page_shows_its_buttons_trail_and_runs_and_a_run_page_links_back(client, django_user_model):

@@ -88,11 +88,6 @@ class WorkflowSchedule(models.Model):
         words = describe(self.cron, self.every)
         return f"{words} ({self.timezone})" if self.cron and self.timezone != "UTC" else words
 
-    @property
-    def fires(self) -> bool:
-        """Whether ticks fire on their own (enabled and not paused)."""
-        return self.enabled and not self.paused
-
 
 class ScheduleEvent(models.Model):
     """One line of a schedule's audit trail: an operator verb, a skipped or missed tick."""

@@ -37,6 +37,8 @@ SCHEDULE_LOCK_KEY = 0x706762736368
 STANDBY_INTERVAL = 1.0
 #: The longest the leader sleeps between two looks at what is due.
 LEADER_INTERVAL = 1.0
+#: How soon the leader looks again at a due schedule it had to pass over.
+HELD_RETRY = 0.2
 
 DB_ERRORS = (OperationalError, InterfaceError)
 
@@ -84,11 +86,14 @@ class ScheduleLeader:
         if not self._lead():
             return STANDBY_INTERVAL
         self._sync_if_new()
-        fire_due()
+        fired = fire_due()
         due = next_due_at()
         if due is None:
             return LEADER_INTERVAL
-        return max(0.0, min(LEADER_INTERVAL, (due - clock.now()).total_seconds()))
+        wait = (due - clock.now()).total_seconds()
+        if wait <= 0 and not fired:
+            return HELD_RETRY  # due, yet passed over: an operator holds it; look again soon, not at once
+        return max(0.0, min(LEADER_INTERVAL, wait))
 
     def once(self) -> None:
         """Fire what is due now if no other dispatcher leads (``--once``), then let go of the lead."""

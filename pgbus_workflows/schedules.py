@@ -145,11 +145,6 @@ class Schedule:
         for key, value in values.items():
             object.__setattr__(self, key, value)
 
-    @property
-    def expression(self) -> str:
-        """The cron expression, or ``every <seconds>s``."""
-        return self.cron if self.cron is not None else f"every {int(self.every.total_seconds())}s"  # type: ignore[union-attr]
-
     def row_values(self) -> dict[str, Any]:
         """The ``WorkflowSchedule`` columns this declaration sets."""
         return {

@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 
 from pgbus_workflows import ConfigurationError, InvalidTransition, PayloadTooLarge, Schedule, Workflow, step
 from pgbus_workflows.models import ScheduleEvent, WorkflowEvent, WorkflowRun, WorkflowSchedule
+from pgbus_workflows.scheduler import STANDBY_INTERVAL, ScheduleLeader
 from pgbus_workflows.schedules import jitter_offset
 from pgbus_workflows.services import schedules as schedule_verbs
 from pgbus_workflows.services.firing import fire_due, fire_schedule
@@ -368,3 +369,22 @@ def test_the_database_check_reports_schedules_of_a_class_the_code_does_not_defin
     assert "2 schedule(s) of workflow class 'from_newer_code'" in found.msg
     assert "pause or delete" in found.hint
     assert tick_schedules(now=T0 + timedelta(days=400)) == []  # a leader with this code does not fire them
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_leader_at_a_time_and_the_lead_passes_when_it_resigns():
+    schedule = Ticked.add_schedule(every=timedelta(hours=1), start_at=datetime.now(UTC) - timedelta(hours=2))
+    stopping = threading.Event()
+    first, second = ScheduleLeader("first", stopping), ScheduleLeader("second", stopping)
+
+    assert first.round() <= 1.0 and first.leading
+    assert second.round() == STANDBY_INTERVAL and not second.leading
+    assert WorkflowRun.objects.filter(schedule=schedule).count() == 1  # the leader fired the latest missed tick
+    assert WorkflowSchedule.objects.filter(declared=True).exists()  # and synced the declared schedules
+
+    first.once()  # --once: fires what is due, then lets go of the lead
+    assert not first.leading
+    second.round()
+    assert second.leading
+    second.once()
+    assert WorkflowRun.objects.filter(schedule=schedule).count() == 1

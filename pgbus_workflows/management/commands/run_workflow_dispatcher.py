@@ -79,7 +79,11 @@ class Command(BaseCommand):
             metavar="NAME",
             help="serve only this queue (repeatable; default: every queue)",
         )
-        parser.add_argument("--once", action="store_true", help="run the sweep once, drain what is due, then exit")
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="run the sweep once, fire due schedule ticks, drain what is due, then exit",
+        )
         sweep = parser.add_mutually_exclusive_group()
         sweep.add_argument("--no-sweep", action="store_true", help="never run the sweep in this process")
         sweep.add_argument("--sweep-only", action="store_true", help="run only the sweep (no steps)")

@@ -14,6 +14,7 @@ preparation, which would return them unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -185,8 +186,10 @@ class WriteBatch:
             for text, params in head:
                 cursor.execute(text, params)
             if self.inserts:
-                cursor.execute(*insert_statement(self.inserts, returning=("id",)))
-                keys = cursor.fetchall()  # the first round trip
+                # A cursor of its own: one that ran the updates too may hand back an update's result.
+                with closing(sql.pipelined_cursor()) as inserted:
+                    inserted.execute(*insert_statement(self.inserts, returning=("id",)))
+                    keys = inserted.fetchall()  # the first round trip
                 for instance, (pk,) in zip(self.inserts, keys, strict=True):
                     rows.mark_saved(instance, pk)
             if self.rows:

@@ -21,26 +21,24 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from functools import partial
 from types import FrameType
 from typing import Any
 
 import psycopg
 from django.db import InterfaceError, OperationalError, connection
-from django.db.models import Min
 from psycopg import sql as psql
 
 from . import clock, sql
 from .conf import settings
 from .deploy import catalog
 from .migrated import require_migrated
-from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
+from .models import Dispatcher, FanOutJob, WorkflowStep
 from .scheduler import ScheduleLeader
-from .services.claims import claim_due_steps, stall
+from .services.claims import claim_and_look_ahead, stall
 from .services.fanout import claim_due_jobs, recover_jobs
 from .session import connection_params, probe_listen
-from .states import RunStatus, StepStatus
+from .states import StepStatus
 from .sweep import Sweeper
 from .workers import WorkerPool
 
@@ -249,37 +247,24 @@ class WorkflowDispatcher:
         if self.sweep_only:
             return None if self.once else settings.POLL_INTERVAL.total_seconds()
         free = self.pool.free_slots()
-        claimed: list[WorkflowStep | FanOutJob] = []
-        if free > 0:
-            claimed.extend(claim_due_steps(free, self.queues, self.name))
-        if free > len(claimed):
-            claimed.extend(claim_due_jobs(free - len(claimed), self.queues, self.name))
-        self.pool.hand_out(claimed, verify=True)
-        if len(claimed) == free and free > 0:
+        if free < 1:
+            # Every slot busy: a finishing worker wakes the loop, no need to look ahead.
+            return 0.05 if self.once else settings.POLL_INTERVAL.total_seconds()
+        steps, ahead = claim_and_look_ahead(free, self.queues, self.name)
+        # Handed out before anything else: the claim's first body starts while the loop goes on.
+        self.pool.hand_out(steps, verify=True)
+        jobs: list[FanOutJob] = []
+        if free > len(steps) and ahead.jobs_due:
+            jobs = claim_due_jobs(free - len(steps), self.queues, self.name)
+            self.pool.hand_out(jobs, verify=True)
+        if len(steps) + len(jobs) == free:
             return 0.0  # more may be due: claim again as soon as a slot is free
         if self.once:
-            return 0.05 if self.pool.held() or claimed else None
-        # With every slot busy, a finishing worker wakes the loop: no need to look ahead.
-        return self._sleep_until_due(look_ahead=free > len(claimed))
-
-    def _sleep_until_due(self, look_ahead: bool = False) -> float:
+            return 0.05 if self.pool.held() or steps or jobs else None
         timeout = settings.POLL_INTERVAL.total_seconds()
-        if look_ahead:
-            due = self._next_due_at()
-            if due is not None:
-                timeout = min(timeout, (due - clock.now()).total_seconds())
+        if ahead.next_due_at is not None:
+            timeout = min(timeout, (ahead.next_due_at - clock.now()).total_seconds())
         return max(timeout, 0.0)
-
-    def _next_due_at(self) -> datetime | None:
-        """The earliest ``scheduled_at`` of a step or job, so a ``wait`` or backoff ending between polls is met."""
-        steps = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, run__status=RunStatus.READY)
-        if self.queues is not None:
-            steps = steps.filter(queue__in=self.queues)
-        jobs = FanOutJob.objects.filter(status=JobStatus.PENDING)
-        if self.queues is not None:
-            jobs = jobs.filter(queue__in=self.queues)
-        times = [qs.aggregate(at=Min("scheduled_at"))["at"] for qs in (steps, jobs)]
-        return min((t for t in times if t is not None), default=None)
 
     def _recover_after_outage(self) -> None:
         """A claim whose commit we did not see may have committed: stall attempts no worker runs."""
@@ -305,7 +290,9 @@ class WorkflowDispatcher:
                     conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(channel)))
                     if not probed:
                         probed = True
-                        if not probe_listen(conn, channel):
+                        if probe_listen(conn, channel):
+                            sql.prepare_statements(conn)  # a session of our own: prepared statements are safe
+                        else:
                             logger.warning(
                                 "LISTEN on %s does not receive notifications (a connection pool in "
                                 "transaction mode?): wake-ups fall back to the poll every POLL_INTERVAL. "

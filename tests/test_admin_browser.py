@@ -5,9 +5,10 @@ and resumes it with a reason; a user without the pause permission sees no resume
 The tests also take the screenshots of the README: with UPDATE_SCREENSHOTS=1 they are saved
 to docs/dashboard.png and docs/run.png, otherwise to a temporary folder.
 
-Needs Debian's chromium at /usr/bin/chromium (``bash scripts/install_chromium``) and
-``pip install playwright``; ``playwright install`` is never needed. The tests are skipped
-when either is missing.
+Needs Debian's chromium at /usr/bin/chromium (``bash scripts/install_chromium``; another
+binary: ``PGBUS_TEST_CHROMIUM=/path``) and ``pip install playwright``; ``playwright install``
+is never needed. The tests are skipped when either is missing (``tests/test_readme_notes.py``
+checks that they are).
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import PASSWORD, VIEW, staff_user
 from tests.testapp.models import Order
 
-CHROMIUM = Path("/usr/bin/chromium")
+#: Debian's chromium; PGBUS_TEST_CHROMIUM names another binary (Ubuntu's chromium-browser, say).
+CHROMIUM = Path(os.environ.get("PGBUS_TEST_CHROMIUM", "/usr/bin/chromium"))
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install playwright")
 
 pytestmark = [
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: run bash scripts/install_chromium"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason=f"no {CHROMIUM}: run bash scripts/install_chromium (or set PGBUS_TEST_CHROMIUM)"
+    ),
     pytest.mark.django_db(transaction=True),
 ]
 

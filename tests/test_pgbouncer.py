@@ -21,6 +21,8 @@ from django.db import connection
 
 from pgbus_workflows.session import TransactionLock, connection_params, probe_listen
 from pgbus_workflows.sweep import SWEEP_LOCK_KEY
+from tests.procs import DispatcherProcess, eventually
+from tests.testapp.workflows import NoOp3
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 pytestmark = [
@@ -144,3 +146,17 @@ def test_a_sweeper_killed_while_holding_the_lock_behind_the_pool_leaves_no_lock(
         lock.release()
     finally:
         holder.kill()
+
+
+def test_a_dispatcher_behind_the_pool_prepares_nothing_and_runs_every_step(pgbouncer):
+    # Its LISTEN probe fails there, so its statements stay unprepared: a statement prepared on
+    # one pooled server connection would be missing on the next, and every claim would fail.
+    process = DispatcherProcess("--no-sweep", "--concurrency", "2", settings={"POLL_INTERVAL": 0.2})
+    try:
+        eventually(lambda: "does not receive notifications" in process.output(), what="the LISTEN probe's verdict")
+        runs = [NoOp3.start() for _ in range(10)]
+        eventually(lambda: all(wf.reload().status == "finished" for wf in runs), timeout=60, what="the runs to finish")
+        output = process.output()
+    finally:
+        process.stop()
+    assert "Traceback" not in output and "prepared statement" not in output

@@ -85,6 +85,7 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         "lock_pairs": (WorkflowRun, WorkflowStep, "run_id"),
         "due_steps": (True, 2),
         "due_jobs": (True, True),
+        "look_ahead": (True,),
     }
     for name in BUILDERS:
         text = sql.statement(name, *samples.get(name, ()))

@@ -76,8 +76,8 @@ class OrderFulfilmentTests(WorkflowTestMixin, TestCase):
     def test_an_unpaid_order_expires_when_the_wait_times_out(self) -> None:
         order = place()
         wf = self.waiting_for_payment(order)
-        self.expire_wait(wf)  # on_timeout="run": the step runs, timed out
-        self.perform_next_step(wf)
+        self.expire_wait(wf)  # on_timeout="run": the step is due again, timed out
+        self.perform_next_step(wf)  # and runs, with self.timed_out
         self.assertWorkflowStatus(wf, "cancelled")
         order.refresh_from_db()
         self.assertEqual(order.status, Order.Status.EXPIRED)

@@ -2,26 +2,42 @@
 
 ``claim_due_steps`` claims up to ``limit`` due attempts in one short transaction: runs locked
 with ``SKIP LOCKED`` (two dispatchers never claim one step), then every claimed step and its
-run moved and recorded together, as one batch of units of work.
+run moved and recorded together, as one batch of units of work. ``claim_and_look_ahead`` (the
+dispatcher's loop) also reads, in the same round trip, when it must look again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import closing
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Min
 
 from .. import clock, rows, sql
 from ..bulk import WriteBatch
 from ..conf import settings
 from ..deploy import can_run_step
-from ..models import WorkflowRun, WorkflowStep
-from ..states import RunStatus, StepStatus
+from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..states import JobStatus, RunStatus, StepStatus
 from .ledger import RunLedger
 from .locks import locked_step, locked_steps
 from .outcome import stall_step
+
+
+@dataclass(frozen=True)
+class LookAhead:
+    """What a claim saw beyond the steps it took: when the loop must look again, and whether jobs are due."""
+
+    #: The earliest ``scheduled_at`` after the claim's ``now`` of a step of a ready run or of
+    #: a pending job (None: nothing is scheduled later), so a wait or backoff ending between
+    #: polls is met.
+    next_due_at: datetime | None
+    #: Whether a pending job is due now (when not, the loop makes no job claim).
+    jobs_due: bool
 
 
 def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by: str = "") -> list[WorkflowStep]:
@@ -33,8 +49,21 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
     a class or a step name that only newer code knows is passed over, for a dispatcher that
     knows it (or, after ``UNKNOWN_STEP_GRACE``, for the sweep to pause its run).
     """
+    return _claim_due(limit, queues, claimed_by, look=False)[0]
+
+
+def claim_and_look_ahead(
+    limit: int, queues: Iterable[str] | None = None, claimed_by: str = ""
+) -> tuple[list[WorkflowStep], LookAhead]:
+    """:func:`claim_due_steps`, and what the dispatcher's loop needs to know to sleep (no extra round trip)."""
+    return _claim_due(max(limit, 1), queues, claimed_by, look=True)
+
+
+def _claim_due(
+    limit: int, queues: Iterable[str] | None, claimed_by: str, look: bool
+) -> tuple[list[WorkflowStep], LookAhead]:
     if limit < 1:
-        return []
+        return [], LookAhead(None, jobs_due=False)
     now = clock.now()
     queue_list = None if queues is None else list(queues)
     own_transaction = not transaction.get_connection().in_atomic_block
@@ -43,15 +72,15 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
             # Names seen before and still unknown are left out in SQL: the normal case (every
             # dispatcher on the same code) sends the same statement as before, no filter.
             unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
-            due = _due(limit, queue_list, now, unknown, own_transaction)
+            due, ahead = _due(limit, queue_list, now, unknown, own_transaction, look)
             new = {(run.workflow_class, step.step_name) for run, step in due if not can_run_step(*_names(run, step))}
             if not new:
                 break
             _unrunnable.update(new)
         runnable = [(run, step) for run, step in due if can_run_step(*_names(run, step))]
         if not sql.postgresql():
-            return _claim([(step.pk, run.pk) for run, step in runnable], now, claimed_by)
-        return _claim_locked(runnable, now, claimed_by)
+            return _claim([(step.pk, run.pk) for run, step in runnable], now, claimed_by), ahead
+        return _claim_locked(runnable, now, claimed_by), ahead
 
 
 def _names(run: WorkflowRun, step: WorkflowStep) -> tuple[str, str]:
@@ -65,8 +94,8 @@ _MAX_PASSES = 5
 
 
 def _due(
-    limit: int, queues: list[str] | None, now: Any, unknown: list[tuple[str, str]], own_transaction: bool
-) -> list[tuple[WorkflowRun, WorkflowStep]]:
+    limit: int, queues: list[str] | None, now: Any, unknown: list[tuple[str, str]], own_transaction: bool, look: bool
+) -> tuple[list[tuple[WorkflowRun, WorkflowStep]], LookAhead]:
     """Due steps of ready runs with their runs, locked (PostgreSQL: both rows, one round trip).
 
     With SKIP LOCKED: a run another dispatcher (or an operator) holds is passed over, not
@@ -74,6 +103,7 @@ def _due(
     are left out. On SQLite (one writer at a time) the rows are only read: :func:`_claim`
     locks them again as every unit of work does. ``own_transaction``: the claim is a
     transaction of its own (not the caller's), whose commit need not wait for the disk.
+    ``look``: also read the :class:`LookAhead` (PostgreSQL: in the same round trip).
     """
     if not sql.postgresql():
         due = WorkflowStep.objects.select_related("run").filter(
@@ -83,20 +113,42 @@ def _due(
             due = due.filter(queue__in=queues)
         for klass, name in unknown:
             due = due.exclude(run__workflow_class=klass, step_name=name)
-        return [(step.run, step) for step in due.order_by("priority", "scheduled_at", "pk")[:limit]]
+        found = [(step.run, step) for step in due.order_by("priority", "scheduled_at", "pk")[:limit]]
+        return found, _look_ahead_orm(queues, now) if look else LookAhead(None, jobs_due=False)
     params: list[Any] = [now, *([] if queues is None else [queues])]
     for pair in unknown:
         params.extend(pair)
     params.append(limit)
     # In a pipeline: the transaction's BEGIN goes in the same round trip. The claim's commit
     # need not wait for the disk (see ``commit_without_flush``): the outcome's commit does.
-    with sql.pipeline() as cursor:
+    ahead = LookAhead(None, jobs_due=False)
+    # One statement per cursor: in a pipeline, a cursor that ran two may hand back the first one's rows.
+    with sql.pipeline() as flag:
         if own_transaction:
-            cursor.execute(sql.statement("commit_without_flush"))
-        cursor.execute(sql.statement("due_steps", queues is not None, len(unknown)), params)
-        found = cursor.fetchall()
+            flag.execute(sql.statement("commit_without_flush"))
+        with closing(sql.pipelined_cursor()) as cursor, closing(sql.pipelined_cursor()) as second:
+            cursor.execute(sql.statement("due_steps", queues is not None, len(unknown)), params)
+            if look:
+                per_table = [now, *([] if queues is None else [queues])]
+                second.execute(sql.statement("look_ahead", queues is not None), per_table * 3)
+            found = cursor.fetchall()
+            if look:
+                next_due_at, jobs_due = second.fetchone()
+                ahead = LookAhead(next_due_at, jobs_due=bool(jobs_due))
     split = len(WorkflowRun._meta.concrete_fields)
-    return [(rows.from_row(WorkflowRun, row[:split]), rows.from_row(WorkflowStep, row[split:])) for row in found]
+    claimed = [(rows.from_row(WorkflowRun, row[:split]), rows.from_row(WorkflowStep, row[split:])) for row in found]
+    return claimed, ahead
+
+
+def _look_ahead_orm(queues: list[str] | None, now: Any) -> LookAhead:
+    """The :class:`LookAhead` through the ORM (SQLite)."""
+    steps = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, run__status=RunStatus.READY)
+    jobs = FanOutJob.objects.filter(status=JobStatus.PENDING)
+    if queues is not None:
+        steps, jobs = steps.filter(queue__in=queues), jobs.filter(queue__in=queues)
+    later = [qs.filter(scheduled_at__gt=now).aggregate(at=Min("scheduled_at"))["at"] for qs in (steps, jobs)]
+    next_due_at = min((at for at in later if at is not None), default=None)
+    return LookAhead(next_due_at, jobs_due=jobs.filter(scheduled_at__lte=now).exists())
 
 
 def claim_step(step_pk: int, claimed_by: str = "") -> WorkflowStep | None:

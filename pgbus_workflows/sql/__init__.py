@@ -1,6 +1,6 @@
 """Every hand-written SQL statement of the app, by name, and the one way they are run.
 
-The texts live in :mod:`.statements`: each is built on first use from the models' metadata
+The texts live in :mod:`.statements` and :mod:`.claiming`: each is built on first use from the models' metadata
 (table and column names quoted by the backend, status literals from the ``TextChoices``)
 and cached per database alias and vendor. Call :func:`statement` for a text. Run them
 through :func:`cursor` (Django's cursor) or :func:`pipeline` (several statements in one round
@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 
+from . import claiming  # noqa: F401  (registers the claims' statements)
 from .statements import BUILDERS
 
 _cache: dict[tuple[str, str, str, tuple[Hashable, ...]], str] = {}
@@ -53,13 +54,14 @@ def cursor() -> Iterator[Any]:
 
 @contextmanager
 def pipeline() -> Iterator[Any]:
-    """A Django cursor whose statements are pipelined and prepared (PostgreSQL).
+    """A Django cursor whose statements are pipelined, and prepared where allowed (PostgreSQL).
 
     Statements queue up and go to the server together: one round trip for all of them, or
     one more for each ``fetch`` in between. The cursor binds on the server (``%b`` binary
-    placeholders work) and prepares each statement, so the server plans it once per
-    connection. :func:`pipelined_cursor` makes another one in the same pipeline (two result
-    sets in one round trip). Inside the caller's transaction; errors are Django's exceptions.
+    placeholders work) and, where :func:`prepare_statements` allows it, prepares each
+    statement, so the server plans it once per connection. :func:`pipelined_cursor` makes
+    another one in the same pipeline (two result sets in one round trip). Inside the
+    caller's transaction; errors are Django's exceptions.
     """
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
@@ -71,12 +73,39 @@ def pipeline() -> Iterator[Any]:
             first.close()
 
 
+#: The servers (host, port) where :class:`PreparedCursor` prepares (see :func:`prepare_statements`).
+_prepared_at: set[tuple[str, int]] = set()
+#: A ``prepare_threshold`` no statement reaches by repetition: only those that ask are prepared.
+_ONLY_WHEN_ASKED = 2**31 - 1
+
+
+def prepare_statements(conn: psycopg.Connection[Any]) -> None:
+    """Let the app's pipelined statements be prepared (planned once per connection) on ``conn``'s server.
+
+    Off until called, as Django leaves prepared statements off by default: a pooler in
+    transaction mode (PgBouncer before 1.21) hands a client another server connection
+    between transactions, where a statement prepared on the first does not exist. The
+    dispatcher calls it with its LISTEN connection once the probe proves a server session
+    of its own there (a direct connection or a session-mode pool): from then on, every
+    connection of the process to the same host and port prepares. A ``prepare_threshold``
+    set in the database's ``OPTIONS`` is kept (psycopg then also prepares by repetition).
+    """
+    _prepared_at.add(_endpoint(conn))
+
+
+def _endpoint(conn: psycopg.Connection[Any]) -> tuple[str, int]:
+    return conn.info.host, conn.info.port
+
+
 class PreparedCursor(psycopg.Cursor[Any]):
-    """A server-binding cursor that prepares every statement it runs (Django's wrapper passes no ``prepare``)."""
+    """A server-binding cursor that prepares its statements where :func:`prepare_statements` allows it."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        """Run ``query`` prepared (the server plans it once per connection)."""
-        kwargs.setdefault("prepare", True)
+        """Run ``query``, prepared where allowed (Django's wrapper passes no ``prepare``)."""
+        if _prepared_at and _endpoint(self._conn) in _prepared_at:
+            kwargs.setdefault("prepare", True)
+            if self._conn.prepare_threshold is None:  # Django's default: nothing is ever prepared
+                self._conn.prepare_threshold = _ONLY_WHEN_ASKED
         return super().execute(query, params, **kwargs)
 
 

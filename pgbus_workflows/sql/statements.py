@@ -15,7 +15,7 @@ from typing import Any
 from django.db.models import Field, Model
 
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
-from ..states import JobStatus, RunStatus, StepStatus, job_event
+from ..states import job_event
 
 Builder = Callable[..., str]
 BUILDERS: dict[str, Builder] = {}
@@ -196,33 +196,6 @@ def lock_pairs(conn: Any, parent: type[Model], child: type[Model], link: str) ->
 # -- steps -----------------------------------------------------------------------------------------------
 
 
-@builds("due_steps")
-def due_steps(conn: Any, queues: bool, unknown: int) -> str:
-    """Due steps of ready runs by priority (the partial index ``pgbus_wf_step_due``), locked with their runs.
-
-    ``queues``: whether an array of queue names follows (PostgreSQL; SQLite claims through
-    the ORM); ``unknown``: how many ``(class, step name)`` pairs to leave out.
-    """
-    steps, runs = table(conn, WorkflowStep), table(conn, WorkflowRun)
-    where = [
-        f"s.status = {literal(StepStatus.SCHEDULED)}",
-        "s.scheduled_at <= %s",
-        f"r.status = {literal(RunStatus.READY)}",
-    ]
-    if queues:
-        where.append("s.queue = ANY(%s)")
-    if unknown:
-        pairs = ", ".join(["(%s, %s)"] * unknown)
-        where.append(f"(r.workflow_class, s.step_name) NOT IN (VALUES {pairs})")
-    # Both rows locked, neither waited for (SKIP LOCKED: no lock order to keep), and both
-    # re-read at their latest version when a transaction changed them since this snapshot.
-    return (
-        f"SELECT {columns(conn, WorkflowRun, 'r.')}, {columns(conn, WorkflowStep, 's.')} "
-        f"FROM {steps} s JOIN {runs} r ON r.id = s.run_id WHERE {' AND '.join(where)} "
-        "ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s FOR UPDATE OF r, s SKIP LOCKED"
-    )
-
-
 @builds("start_run")
 def start_run(conn: Any) -> str:
     """A run, its first attempt and its ``started`` event in one statement, then ``NOTIFY`` (PostgreSQL).
@@ -254,13 +227,6 @@ def start_run(conn: Any) -> str:
     )
 
 
-@builds("steps_in_progress")
-def steps_in_progress(conn: Any) -> str:
-    """Which of an array of steps are still in progress (PostgreSQL)."""
-    in_progress = literal(StepStatus.IN_PROGRESS)
-    return f"SELECT id FROM {table(conn, WorkflowStep)} WHERE id = ANY(%s) AND status = {in_progress}"
-
-
 @builds("next_attempt")
 def next_attempt(conn: Any) -> str:
     """The number of a run's next attempt of a step, computed by the ``INSERT`` that adds it."""
@@ -279,35 +245,6 @@ def latest_attempts(conn: Any) -> str:
 
 
 # -- fan-out jobs -------------------------------------------------------------------------------------------
-
-
-@builds("due_jobs")
-def due_jobs(conn: Any, queues: bool, unknown: bool) -> str:
-    """Due pending jobs by priority (the partial index ``pgbus_wf_job_due``), locked (PostgreSQL).
-
-    ``queues``: whether an array of queue names follows; ``unknown``: whether an array of
-    function paths follows, left out while they are younger than a cutoff.
-    """
-    where = [f"status = {literal(JobStatus.PENDING)}", "scheduled_at <= %s"]
-    if queues:
-        where.append("queue = ANY(%s)")
-    if unknown:
-        where.append("NOT (function = ANY(%s) AND scheduled_at > %s)")
-    return (
-        f"SELECT id, function, scheduled_at FROM {table(conn, FanOutJob)} "
-        f"WHERE {' AND '.join(where)} ORDER BY priority, scheduled_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
-    )
-
-
-@builds("start_jobs")
-def start_jobs(conn: Any) -> str:
-    """Move locked pending jobs to running, returning their rows (PostgreSQL)."""
-    return (
-        f"UPDATE {table(conn, FanOutJob)} j SET status = {literal(job_event('claim')[1])}, attempts = j.attempts + 1, "
-        f"started_at = %s, claimed_by = %s, stall_at = %s + COALESCE(s.timeout, %s) FROM {table(conn, WorkflowStep)} s "
-        f"WHERE j.id = ANY(%s) AND j.status = {literal(job_event('claim')[0])} AND s.id = j.step_id "
-        f"RETURNING {columns(conn, FanOutJob, 'j.')}"
-    )
 
 
 @builds("record_job_successes")
@@ -354,16 +291,6 @@ def bound_transaction(conn: Any) -> str:
     return (
         "SELECT set_config('statement_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)"
     )
-
-
-@builds("commit_without_flush")
-def commit_without_flush(conn: Any) -> str:
-    """This transaction's commit does not wait for its WAL to reach the disk (PostgreSQL).
-
-    For claims only: a claim lost in a server crash leaves its step scheduled, and it runs
-    again, as a claim kept by the crash would (the attempt stalls, then reattempts).
-    """
-    return "SELECT set_config('synchronous_commit', 'off', true)"
 
 
 @builds("constraints_immediate")

@@ -89,3 +89,15 @@ def drop_connection_once(key: str) -> str:
 
 def nothing(i: int) -> None:
     """Return nothing: results of None must be stored as such."""
+
+
+def transaction_state() -> dict:
+    """Whether the job's body runs inside a transaction (an atomic block, autocommit off)."""
+    from django.db import connection
+
+    return {"in_atomic_block": connection.in_atomic_block, "autocommit": connection.get_autocommit()}
+
+
+def types_of(*args: object) -> dict:
+    """The types and values of the arguments the job received (what crossing JSON made of them)."""
+    return {"types": [type(arg).__name__ for arg in args], "values": list(args)}

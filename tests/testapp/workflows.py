@@ -5,7 +5,8 @@ dispatchers use the classes defined here.
 """
 
 import time
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 from pgbus_workflows import Job, Schedule, Workflow, fan_out, step
 
@@ -218,6 +219,54 @@ class Probe(Workflow):
     @step
     def only(self):
         return {"body_at": time.time()}
+
+
+class FailsFirst(Workflow):
+    """Its first step raises on its first attempt: the run pauses on that error (stuck: paused_on_error)."""
+
+    name = "fails_first"
+
+    @step
+    def flaky(self):
+        if self.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+
+    @step
+    def after(self):
+        mark(self, "after-flaky")
+
+
+class FanWritesThenFails(Workflow):
+    """Job 0 writes a row, then fails; job 1 reports whether it runs in a transaction; the step goes on."""
+
+    name = "fan_writes_then_fails"
+
+    @fan_out(on_job_failure="continue")
+    def work(self):
+        from .jobs import fail_on, transaction_state
+
+        return [Job(fail_on, 0, [0]), Job(transaction_state)]
+
+    @step
+    def after(self):
+        return {"results": list(self.fan_out_results("work"))}
+
+
+class FanJsonArguments(Workflow):
+    """One job given a date, a Decimal, a datetime and a tuple; the next step keeps what it received."""
+
+    name = "fan_json_arguments"
+
+    @fan_out
+    def work(self):
+        from .jobs import types_of
+
+        at = datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+        return [Job(types_of, date(2024, 1, 2), Decimal("1.50"), at, (1, 2))]
+
+    @step
+    def after(self):
+        return {"received": list(self.fan_out_results("work"))}
 
 
 class YearlyReport(Workflow):

@@ -197,7 +197,8 @@ class Command(BaseCommand):
         self.stdout.write("  then open http://127.0.0.1:8000/admin/")
         self.stdout.write(
             "The paused order waits for an operator: give it a postcode (Shop > Orders), resume its run\n"
-            "(Workflows > Workflow runs), and `python manage.py run_workflow_dispatcher` ships it."
+            "(Workflows > Workflow runs, or `python manage.py workflows list --status paused`, then\n"
+            "`python manage.py workflows resume RUN_ID`), and `python manage.py run_workflow_dispatcher` ships it."
         )
 
 

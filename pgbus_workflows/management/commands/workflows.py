@@ -1,0 +1,259 @@
+"""``manage.py workflows``: list, inspect and operate workflow runs from a terminal.
+
+``list`` and ``show`` read; ``pause``, ``resume`` (``--at STEP``), ``cancel``, ``rerun``,
+``run-now``, ``skip`` and ``signal`` call the admin's verbs on one or more runs, each
+reporting done or refused (exit 1 if any was refused). ``--json`` prints one JSON document.
+Who acts and what they may do: :mod:`pgbus_workflows.management.operating`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from ... import clock, migrated
+from ...admin_operations import OPERATIONS, allowed_verbs
+from ...exceptions import PayloadNotSerializable, PayloadTooLarge
+from ...models import WorkflowEvent, WorkflowSignal, WorkflowStep
+from ...services.payload import encode_payload
+from ...services.signals import check_signal_input
+from ...states import RunStatus
+from ...sweep import STUCK_REASONS
+from ..operating import Operator, Result, operate
+from ..runs import (
+    RunNotFound,
+    Subject,
+    active_attempt,
+    attempt_row,
+    event_row,
+    find_run,
+    latest,
+    list_runs,
+    pending_signals,
+    run_details,
+    run_row,
+    signal_row,
+    with_latest_attempt,
+)
+from ..terminal import RUN_COLUMNS, run_page, table, to_json
+from .run_workflow_dispatcher import positive_int
+
+#: Subcommand -> the operator verb it calls (``resume --at`` calls ``resume_at``).
+VERBS = {
+    "pause": "pause",
+    "resume": "resume",
+    "cancel": "cancel",
+    "rerun": "rerun",
+    "run-now": "run_now",
+    "skip": "skip",
+    "signal": "signal",
+}
+
+ACTING = """Without --as-user the command acts as a trusted system operator (a shell on the
+server is trusted like `manage.py shell`): no permission is checked, and events record
+--actor (default cli:<os user>). With --as-user USERNAME, that Django user's permissions are
+checked exactly as the admin checks them (active staff, the verb's permission and the view
+permission on each run), and their username is the actor."""
+
+
+class Command(BaseCommand):
+    """List, show and operate workflow runs (the admin's verbs, from a terminal)."""
+
+    help = "List, show and operate workflow runs: the admin's verbs from a terminal. " + " ".join(ACTING.split())
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        """One subcommand per verb; every value is checked before anything is read or written."""
+        output = CommandParser(add_help=False)
+        output.add_argument("--json", action="store_true", help="print one JSON document (for scripts)")
+        output.add_argument("--as-user", metavar="USERNAME", help="act as this Django user, with their permissions")
+        acting = CommandParser(add_help=False, parents=[output])
+        acting.add_argument("--actor", help="the name recorded on the events (default cli:<os user>)")
+        acting.add_argument("--reason", help="why: recorded on the events, as the admin's reason")
+        commands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+        listing = commands.add_parser(
+            "list", parents=[output], help="the newest runs matching the filters", description=ACTING
+        )
+        listing.add_argument(
+            "--class", dest="classes", action="append", metavar="NAME", help="workflow class (repeatable)"
+        )
+        listing.add_argument(
+            "--status", dest="statuses", action="append", choices=RunStatus.values, help="(repeatable)"
+        )
+        listing.add_argument(
+            "--stuck", choices=STUCK_REASONS, help="runs stuck for this reason (as the admin's filter)"
+        )
+        listing.add_argument("--subject", help="app_label.model:pk (one subject) or app_label.model")
+        listing.add_argument("--limit", type=positive_int, default=50, help="how many, newest first (50)")
+        listing.add_argument("--ids", action="store_true", help="print only the workflow ids, one a line (for xargs)")
+
+        show = commands.add_parser(
+            "show", parents=[output], help="a run: its attempts, events and pending signals", description=ACTING
+        )
+        show.add_argument("run_id", metavar="RUN_ID", help="a workflow id, or its first 8 characters or more")
+        show.add_argument("--attempts", type=positive_int, default=50, metavar="N", help="latest attempts shown (50)")
+        show.add_argument("--events", type=positive_int, default=20, metavar="N", help="latest events shown (20)")
+        show.add_argument("--signals", type=positive_int, default=50, metavar="N", help="pending signals shown (50)")
+
+        helps = {
+            "pause": "hold runs: a running step finishes, nothing new starts",
+            "resume": "resume paused runs (--at STEP: at that step, now)",
+            "cancel": "cancel ongoing runs",
+            "rerun": "start a new run like each finished or cancelled one",
+            "run-now": "cut short the wait of each run's scheduled step (or end a signal wait)",
+            "skip": "skip the current step of each run",
+            "signal": "deliver a signal to runs",
+        }
+        for name, text in helps.items():
+            sub = commands.add_parser(name, parents=[acting], help=text, description=ACTING)
+            if name == "signal":
+                sub.add_argument("name", metavar="NAME", help="the signal's name")
+                sub.add_argument("--payload", default="", metavar="JSON", help="its payload, a JSON value ({})")
+                sub.add_argument(
+                    "--idempotency-key", default="", metavar="KEY", help="a repeat with this key changes nothing"
+                )
+            if name == "resume":
+                sub.add_argument("--at", metavar="STEP", help="resume at this step, now (needs the skip permission)")
+            sub.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="workflow ids (or their first 8+ characters)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Run the subcommand; a database without the migrations is one line, not a traceback."""
+        try:
+            if options["subcommand"] == "list":
+                self.list_runs(options)
+            elif options["subcommand"] == "show":
+                self.show_run(options)
+            else:
+                self.operate(VERBS[options["subcommand"]], options)
+        except DatabaseError as error:
+            missing = migrated.explain(error)
+            if missing is None:
+                raise
+            raise CommandError(str(missing)) from error
+
+    def operator(self, options: dict[str, Any]) -> Operator:
+        """The system operator, or (``--as-user``) the Django user, who acts."""
+        if options["as_user"] is None:
+            return Operator.system(options.get("actor"))
+        if options.get("actor") is not None:
+            raise CommandError("--actor and --as-user do not go together: the user's username is the actor")
+        return Operator.as_user(options["as_user"])
+
+    def viewer(self, options: dict[str, Any]) -> Operator:
+        """The operator, who must be allowed to view runs."""
+        operator = self.operator(options)
+        if not operator.may_view_runs():
+            raise CommandError(f"{operator.who} may not view workflow runs")
+        return operator
+
+    def list_runs(self, options: dict[str, Any]) -> None:
+        """``list``: a table (or JSON, or ids) of the newest runs matching the filters."""
+        operator = self.viewer(options)
+        try:
+            subject = Subject.parse(options["subject"]) if options["subject"] is not None else None
+        except ValueError as error:
+            raise CommandError(f"--subject: {error}") from None
+        runs, more = list_runs(
+            operator.runs(),
+            classes=options["classes"] or (),
+            statuses=options["statuses"] or (),
+            stuck=options["stuck"],
+            subject=subject,
+            limit=options["limit"],
+        )
+        rows = [run_row(run) for run in runs]
+        if options["json"]:
+            self.stdout.write(to_json(rows))
+        elif options["ids"]:
+            self.stdout.write("".join(f"{row['workflow_id']}\n" for row in rows), ending="")
+        elif not rows:
+            self.stdout.write("No runs match.")
+        else:
+            self.stdout.write("\n".join(table(rows, RUN_COLUMNS)))
+            tail = "; more match (raise --limit or narrow the filters)" if more else ""
+            self.stdout.write(f"{len(rows)} run{'s' if len(rows) > 1 else ''}, newest first{tail}")
+
+    def show_run(self, options: dict[str, Any]) -> None:
+        """``show RUN_ID``: the run, the verbs it may take, its attempts, events and pending signals."""
+        operator = self.viewer(options)
+        try:
+            run = find_run(with_latest_attempt(operator.runs()), options["run_id"])
+        except RunNotFound as error:
+            raise CommandError(str(error)) from None
+        allowed = allowed_verbs(run, active_attempt(run), clock.now())
+        page: dict[str, Any] = {
+            "run": run_details(run),
+            "allowed_verbs": [op.verb for op in OPERATIONS.values() if op.verb in allowed and operator.may(op, run)],
+            "attempts": None,
+            "older_attempts_omitted": False,
+            "events": None,
+            "older_events_omitted": False,
+            "pending_signals": None,
+            "more_signals_omitted": False,
+        }
+        if operator.may_view(WorkflowStep):
+            steps, page["older_attempts_omitted"] = latest(
+                WorkflowStep.objects.filter(run_id=run.pk), options["attempts"]
+            )
+            page["attempts"] = [attempt_row(step) for step in steps]
+        if operator.may_view(WorkflowEvent):
+            events, page["older_events_omitted"] = latest(
+                WorkflowEvent.objects.filter(run_id=run.pk), options["events"]
+            )
+            page["events"] = [event_row(event) for event in events]
+        if operator.may_view(WorkflowSignal):
+            signals, page["more_signals_omitted"] = pending_signals(run, options["signals"])
+            page["pending_signals"] = [signal_row(signal) for signal in signals]
+        self.stdout.write(to_json(page) if options["json"] else "\n".join(run_page(page)))
+
+    def operate(self, verb: str, options: dict[str, Any]) -> None:
+        """A verb on each run given: one line (or JSON object) per run; exit 1 if any was refused."""
+        operator = self.operator(options)
+        data: dict[str, Any] = {"reason": options["reason"] or None}
+        if verb == "resume" and options["at"] is not None:
+            verb, data["step"] = "resume_at", options["at"]
+        if verb == "signal":
+            data.update(self.signal_data(options, operator))
+        results = operate(operator, OPERATIONS[verb], options["run_ids"], data)
+        if options["json"]:
+            self.stdout.write(to_json([result.as_dict() for result in results]))
+        refused = [result for result in results if not result.ok]
+        if len(results) == 1 and refused:
+            raise CommandError(f"{refused[0].run}: {refused[0].message}")
+        if not options["json"]:
+            for result in results:
+                self.report(result)
+        if refused:
+            raise CommandError(f"{len(refused)} of {len(results)} runs refused")
+
+    def report(self, result: Result) -> None:
+        """One run's line: what was done on stdout, a refusal on stderr."""
+        if not result.ok:
+            self.stderr.write(f"{result.run}  refused: {result.message}")
+        elif result.verb == "rerun":
+            self.stdout.write(f"{result.run}  {result.message} ({result.extra['new_status']})")
+        else:
+            self.stdout.write(f"{result.run}  {result.message} (now {result.status}, step {result.current_step})")
+
+    def signal_data(self, options: dict[str, Any], operator: Operator) -> dict[str, Any]:
+        """The signal's name, payload and key, checked as the admin's form checks them."""
+        key = options["idempotency_key"].strip() or None
+        try:
+            check_signal_input(options["name"], key, operator.actor)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+        text = options["payload"].strip()
+        try:
+            payload = json.loads(text) if text else None
+        except json.JSONDecodeError as error:
+            raise CommandError(f"--payload is not valid JSON: {error}") from None
+        except RecursionError:
+            raise CommandError("--payload is nested too deeply") from None
+        try:
+            payload = encode_payload(payload, "--payload")
+        except (PayloadNotSerializable, PayloadTooLarge) as error:
+            raise CommandError(str(error)) from None
+        return {"name": options["name"], "payload": payload, "idempotency_key": key}

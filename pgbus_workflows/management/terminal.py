@@ -1,0 +1,161 @@
+"""How ``manage.py workflows`` prints for people: aligned tables and a run's page as text.
+
+``--json`` prints the same dicts as JSON instead (``DjangoJSONEncoder``, times in ISO 8601 to the microsecond).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
+
+#: The widest a table cell gets (longer text ends in "..."; ``--json`` has it whole).
+MAX_CELL = 60
+
+
+class ExactJSONEncoder(DjangoJSONEncoder):
+    """``DjangoJSONEncoder`` with times to the microsecond (it keeps milliseconds), as the rows hold them."""
+
+    def default(self, o: Any) -> Any:
+        """A datetime in ISO 8601 with its microseconds; anything else as ``DjangoJSONEncoder`` has it."""
+        if isinstance(o, datetime):
+            return o.isoformat()
+        return super().default(o)
+
+
+def to_json(value: Any) -> str:
+    """One JSON document, indented, as scripts read it (times to the microsecond)."""
+    return json.dumps(value, cls=ExactJSONEncoder, indent=2, ensure_ascii=False)
+
+
+def cell(value: Any) -> str:
+    """A value as a table cell: times local to the second, JSON compact, nothing as ``-``, on one line."""
+    if value is None or value == "":
+        text = "-"
+    elif isinstance(value, datetime):
+        text = timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+    elif isinstance(value, dict | list):
+        text = json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False, sort_keys=True)
+    else:
+        text = str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 3] + "..."
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> list[str]:
+    """Lines of an aligned table: ``columns`` are ``(key in each row, heading)``; the last column is not padded."""
+    cells = [[heading.upper() for _key, heading in columns]]
+    cells += [[cell(row.get(key)) for key, _heading in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip() for line in cells]
+
+
+RUN_COLUMNS = [
+    ("workflow_id", "run"),
+    ("workflow_class", "class"),
+    ("status", "status"),
+    ("current_step", "step"),
+    ("attempt", "attempt"),
+    ("subject", "subject"),
+    ("status_changed_at", "status changed"),
+]
+
+ATTEMPT_COLUMNS = [
+    ("step_name", "step"),
+    ("attempt", "#"),
+    ("status", "status"),
+    ("outcome", "outcome"),
+    ("scheduled_at", "scheduled"),
+    ("started_at", "started"),
+    ("finished_at", "finished"),
+    ("note", "error / waits for / output"),
+]
+
+EVENT_COLUMNS = [
+    ("created_at", "time"),
+    ("kind", "event"),
+    ("move", "status"),
+    ("actor", "actor"),
+    ("reason", "reason"),
+]
+
+SIGNAL_COLUMNS = [
+    ("id", "id"),
+    ("name", "name"),
+    ("received_at", "received"),
+    ("actor", "actor"),
+    ("payload", "payload"),
+]
+
+#: How ``show`` names a verb the run may take: as it is typed (``--json`` has the verbs' own names).
+TYPED = {"resume_at": "resume --at STEP", "run_now": "run-now"}
+
+#: ``show``'s header: (key, label).
+RUN_FIELDS = [
+    ("workflow_class", "class"),
+    ("status", "status"),
+    ("paused_reason", "paused because"),
+    ("current_step", "current step"),
+    ("subject", "subject"),
+    ("arguments", "arguments"),
+    ("idempotency_key", "idempotency key"),
+    ("rerun_of", "rerun of"),
+    ("created_at", "created"),
+    ("started_at", "started"),
+    ("status_changed_at", "status changed"),
+    ("finished_at", "finished"),
+]
+
+
+def attempt_note(attempt: dict[str, Any]) -> Any:
+    """The one thing worth reading about an attempt: its error, what it waits for, its fan-out, its output."""
+    if attempt["error_class"]:
+        return f"{attempt['error_class']}: {attempt['error_message']}"
+    if attempt["fan_out"] is not None:
+        return "fan-out " + ", ".join(f"{k} {v}" for k, v in attempt["fan_out"].items())
+    if attempt["status"] == "waiting" and attempt["wait_for"]:
+        return "waits for " + ", ".join(attempt["wait_for"])
+    return attempt["output"]
+
+
+def run_page(page: dict[str, Any]) -> list[str]:
+    """``show``'s text: the run's fields, the verbs it may take, its attempts, events and pending signals."""
+    run = page["run"]
+    lines = [f"Run {run['workflow_id']}"]
+    width = max(len(label) for _key, label in RUN_FIELDS)
+    lines += [f"  {label.ljust(width)}  {cell(run[key])}" for key, label in RUN_FIELDS if run[key] not in (None, "")]
+    verbs = ", ".join(TYPED.get(verb, verb) for verb in page["allowed_verbs"]) or "none"
+    lines.append(f"  {'may now'.ljust(width)}  {verbs}")
+    sections = [
+        ("Attempts", "attempts", "older_attempts_omitted", ATTEMPT_COLUMNS, "--attempts"),
+        ("Events", "events", "older_events_omitted", EVENT_COLUMNS, "--events"),
+        ("Pending signals", "pending_signals", "more_signals_omitted", SIGNAL_COLUMNS, "--signals"),
+    ]
+    for title, key, omitted, columns, flag in sections:
+        rows = page[key]
+        lines.append("")
+        if rows is None:
+            lines.append(f"{title}: not shown (no view permission)")
+            continue
+        if not rows:
+            lines.append(f"{title}: none")
+            continue
+        more = page[omitted]
+        note = f" (the {'oldest' if key == 'pending_signals' else 'latest'} {len(rows)}; raise {flag} for more)"
+        lines.append(f"{title}{note if more else ''}")
+        if key == "attempts":
+            rows = [{**row, "note": attempt_note(row)} for row in rows]
+        if key == "events":
+            rows = [{**row, "move": _move(row)} for row in rows]
+        lines += ["  " + line for line in table(rows, columns)]
+    return lines
+
+
+def _move(event: dict[str, Any]) -> str:
+    if not event["to_status"]:
+        return ""
+    return f"{event['from_status'] or '-'} -> {event['to_status']}"

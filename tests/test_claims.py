@@ -1,0 +1,155 @@
+"""The dispatcher's claim: what it takes, what it sees beyond (the look-ahead), and how it is sent.
+
+``claim_and_look_ahead`` is what the dispatcher's loop calls: the due steps it claims, and in the
+same round trip when the loop must look again (the earliest step or job due later) and whether
+a fan-out job is due now (when not, the loop sends no job claim at all).
+"""
+
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from pgbus_workflows import sql
+from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps
+from pgbus_workflows.services.executor import execute_step
+from tests.procs import DispatcherProcess, eventually
+from tests.testapp.workflows import NoOp3, Squares
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def scheduled_step(wf):
+    return WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
+
+
+def test_the_claim_takes_what_is_due_and_tells_when_the_next_step_is_due():
+    due, later = NoOp3.start(), NoOp3.start()
+    at = timezone.now() + timedelta(seconds=30)
+    WorkflowStep.objects.filter(run_id=later.record.pk).update(scheduled_at=at)
+
+    steps, ahead = claim_and_look_ahead(4, claimed_by="d")
+
+    assert [s.run_id for s in steps] == [due.record.pk]
+    assert steps[0].status == "in_progress" and steps[0].run.status == "performing"
+    assert ahead.next_due_at == at
+    assert not ahead.jobs_due
+
+
+def test_nothing_later_and_no_job_is_said_plainly():
+    steps, ahead = claim_and_look_ahead(4, claimed_by="d")
+    assert steps == [] and ahead.next_due_at is None and not ahead.jobs_due
+
+
+def test_a_due_step_the_claim_passed_over_is_not_due_later_so_the_loop_does_not_spin_on_it():
+    wf = NoOp3.start()
+    WorkflowRun.objects.filter(pk=wf.record.pk).update(workflow_class="only_newer_code_knows")
+
+    steps, ahead = claim_and_look_ahead(4, claimed_by="d")
+
+    assert steps == [] and ahead.next_due_at is None
+    assert scheduled_step(wf).status == "scheduled"  # left for a dispatcher that knows it
+
+
+def test_a_pending_job_due_now_is_seen_and_one_due_later_sets_the_next_look():
+    wf = Squares.start(count=2)
+    execute_step(claim_due_steps(1, claimed_by="d")[0])  # the fan-out: two pending jobs
+    assert FanOutJob.objects.filter(step__run_id=wf.record.pk, status="pending").count() == 2
+
+    steps, ahead = claim_and_look_ahead(4, claimed_by="d")
+    assert steps == [] and ahead.jobs_due
+
+    at = timezone.now() + timedelta(minutes=5)
+    FanOutJob.objects.filter(step__run_id=wf.record.pk).update(scheduled_at=at)
+    steps, ahead = claim_and_look_ahead(4, claimed_by="d")
+    assert not ahead.jobs_due and ahead.next_due_at == at
+
+
+def test_claims_only_look_at_the_queues_they_serve():
+    NoOp3.start()
+    steps, ahead = claim_and_look_ahead(4, queues=["elsewhere"], claimed_by="d")
+    assert steps == [] and ahead.next_due_at is None
+    steps, _ = claim_and_look_ahead(4, queues=["workflows"], claimed_by="d")
+    assert len(steps) == 1
+
+
+@pytest.fixture(params=["unprepared", "prepared"])
+def preparing(request, monkeypatch):
+    """Both ways a claim is sent: plain, and prepared on the server (as in a dispatcher on a direct connection)."""
+    monkeypatch.setattr(sql, "_prepared_at", set())
+    if request.param == "prepared":
+        connection.ensure_connection()
+        sql.prepare_statements(connection.connection)
+    return request.param
+
+
+def test_every_claim_of_a_long_series_gets_its_own_rows(preparing):
+    # In a pipeline, a cursor that ran two statements may hand back the first one's rows (here
+    # the flag's): the claim's statements each have a cursor of their own.
+    NoOp3.start_many([{} for _ in range(500)])
+    claimed = 0
+    for limit in range(1, 31):
+        steps, _ = claim_and_look_ahead(limit, claimed_by="d")
+        assert len(steps) == limit
+        assert all(s.status == "in_progress" and s.run.pk == s.run_id for s in steps)
+        claimed += limit
+    assert WorkflowStep.objects.filter(status="in_progress").count() == claimed == 465
+
+
+def prepared_statements():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [text for (text,) in cursor.fetchall()]
+
+
+def test_statements_are_prepared_only_on_the_server_said_to_allow_it(monkeypatch):
+    monkeypatch.setattr(sql, "_prepared_at", set())
+    connection.ensure_connection()
+    NoOp3.start()
+    NoOp3.start()
+    claim_due_steps(1, claimed_by="d")
+    assert prepared_statements() == []  # Django's default: nothing prepared
+
+    sql._prepared_at.add(("another-host", 5432))
+    claim_due_steps(1, claimed_by="d")
+    assert prepared_statements() == []
+
+    sql.prepare_statements(connection.connection)
+    claim_due_steps(1, claimed_by="d")
+    assert any("FOR UPDATE OF r, s SKIP LOCKED" in text for text in prepared_statements())
+
+
+def transactions_committed():
+    """Transactions committed in the test database so far, by every session (the statistics collector's count)."""
+    with psycopg.connect(**_direct(), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [connection.settings_dict["NAME"]]
+        ).fetchone()
+    return row[0]
+
+
+def _direct():
+    s = connection.settings_dict
+    return {"host": s["HOST"] or "127.0.0.1", "port": s["PORT"] or 5432, "user": s["USER"], "dbname": s["NAME"]}
+
+
+def test_a_dispatcher_waits_quietly_beside_a_due_step_it_cannot_run():
+    wf = NoOp3.start()
+    WorkflowRun.objects.filter(pk=wf.record.pk).update(workflow_class="only_newer_code_knows")
+    process = DispatcherProcess("--no-sweep", settings={"POLL_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 5})
+    try:
+        eventually(lambda: "started" in process.output(), what="the dispatcher started")
+        time.sleep(1)
+        before = transactions_committed()
+        time.sleep(2)
+        committed = transactions_committed() - before
+    finally:
+        process.stop()
+    # A poll every 0.5 s is a few claims; a loop spinning on the step would be thousands.
+    assert committed < 40, committed
+    assert scheduled_step(wf).status == "scheduled"

@@ -90,10 +90,14 @@ def probe_listen(conn: Any, channel: str) -> bool:
     """Whether ``conn`` (after LISTEN on ``channel``) receives a notification sent to it.
 
     Through a transaction-mode pool the LISTEN stays on a server connection the client no
-    longer holds, and the probe never comes back.
+    longer holds, and the probe never comes back. The probe is sent from a connection of its
+    own to the same endpoint: sent from ``conn``, it could run on the very server connection
+    that ran the LISTEN (the pool's only idle one) and come back while ``conn`` holds it, a
+    session proved by chance.
     """
     probe = f"probe:{uuid.uuid4().hex}"
-    conn.execute(statement("notify"), [channel, probe])
+    with psycopg.connect(**{**connection_params(), **conn.info.get_parameters()}, autocommit=True) as sender:
+        sender.execute(statement("notify"), [channel, probe])
     deadline = time.monotonic() + PROBE_SECONDS
     while (left := deadline - time.monotonic()) > 0:
         for note in conn.notifies(timeout=left, stop_after=1):

@@ -1,7 +1,7 @@
 """Chaos harness: SIGKILL dispatchers (and optionally restart PostgreSQL) while runs go on; check nothing is lost.
 
     .venv/bin/python bench/chaos.py [--runs 1000] [--dispatchers 3] [--kill-every 2] [--restart-postgres]
-                                    [--faults exit,nul,hang,skew | --faults all]
+                                    [--faults exit,nul,hang,skew | --faults all] [--schedule]
 
 It starts K dispatcher processes, starts N runs of ``ChaosWorkflow`` (tests/testapp/chaos_workflows.py:
 an atomic step that inserts a row, a step that records its ``step_idempotency_key``, a flaky
@@ -14,7 +14,9 @@ is non-zero on any violation.
 in five has a body that raises ``SystemExit`` (``exit``) and an output with a NUL character
 (``nul``) on their first attempts, one in twenty an atomic body that hangs past its
 ``timeout=`` (``hang``); and with ``skew`` (Debian's faketime) one dispatcher's clock runs a
-minute ahead and another's a minute behind. The database is ``<DATABASE_URL name>_chaos``, made anew.
+minute ahead and another's a minute behind. ``--schedule`` adds an every-second schedule
+(``bench/chaos_schedule.py``): every tick must have exactly one run, none lost, all finished.
+The database is ``<DATABASE_URL name>_chaos``, made anew.
 ``run_chaos()`` is also called by the test suite in a short mode, on its test database.
 """
 
@@ -58,6 +60,7 @@ class ChaosReport:
     statuses: dict[str, int] = field(default_factory=dict)
     attempts: int = 0
     stalled: int = 0
+    ticks: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
@@ -69,6 +72,8 @@ class ChaosReport:
             f"run statuses: {json.dumps(self.statuses, sort_keys=True)}",
             f"step attempts: {self.attempts} (stalled and reattempted: {self.stalled})",
         ]
+        if self.ticks:
+            lines.append(f"schedule ticks fired: {self.ticks}, each once")
         if self.faults:
             lines.append(f"faults recorded: {json.dumps(self.faults, sort_keys=True)}")
         lines += [f"VIOLATION: {v}" for v in self.violations[:50]]
@@ -198,13 +203,16 @@ def run_chaos(
     timeout: float = 900.0,
     logs: Path | None = None,
     faults: frozenset[str] = frozenset(),
+    schedule: bool = False,
 ) -> ChaosReport:
     """Start the runs, kill dispatchers while they go, wait for the end, check. Django must be set up.
 
-    ``faults``: any of :data:`FAULTS` (see the module docstring).
+    ``faults``: any of :data:`FAULTS` (see the module docstring); ``schedule``: an every-second
+    schedule fires throughout (``bench/chaos_schedule.py``).
     """
     from django.db import connection
 
+    from bench import chaos_schedule
     from pgbus_workflows.models import WorkflowRun
     from tests.testapp.chaos_workflows import ChaosWorkflow
 
@@ -221,6 +229,7 @@ def run_chaos(
     for _ in range(dispatchers):
         pool.start()
     signaller = threading.Thread(target=deliver_signals, args=(stop, errors), daemon=True)
+    ticking = chaos_schedule.add() if schedule else None
     try:
         for number in range(runs):
             ChaosWorkflow.start(faults=sorted(run_faults(number, faults)))
@@ -245,6 +254,8 @@ def run_chaos(
                 report.restarts += 1
                 restarted = True
             time.sleep(0.1)
+        if ticking is not None:
+            chaos_schedule.settle(ticking, timeout=60)
     finally:
         stop.set()
         signaller.join(timeout=10)
@@ -252,6 +263,8 @@ def run_chaos(
     report.seconds = time.monotonic() - started
     check(report)
     check_faults(report, faults, logs)
+    if ticking is not None:
+        report.ticks = chaos_schedule.check(ticking, report.violations)
     return report
 
 
@@ -371,6 +384,7 @@ def main() -> int:
     parser.add_argument("--restart-postgres", action="store_true")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--faults", default="", help=f"comma-separated, of {', '.join(FAULTS)}; or all")
+    parser.add_argument("--schedule", action="store_true", help="an every-second schedule fires throughout")
     args = parser.parse_args()
     faults = frozenset(FAULTS if args.faults == "all" else [f for f in args.faults.split(",") if f])
 
@@ -381,7 +395,14 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     _recreate(url)
     report = run_chaos(
-        url, args.runs, args.dispatchers, args.kill_every, args.restart_postgres, args.timeout, faults=faults
+        url,
+        args.runs,
+        args.dispatchers,
+        args.kill_every,
+        args.restart_postgres,
+        args.timeout,
+        faults=faults,
+        schedule=args.schedule,
     )
     print(report.summary())
     return 1 if report.violations else 0

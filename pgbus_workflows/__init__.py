@@ -2,7 +2,7 @@
 
 Import the public API from here::
 
-    from pgbus_workflows import Workflow, OnException, step, removed_step
+    from pgbus_workflows import Workflow, OnException, Schedule, step, removed_step
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -28,6 +28,7 @@ from .exceptions import (
     WorkflowError,
 )
 from .jobs import Job
+from .schedules import Schedule
 from .workflow import Workflow
 
 try:
@@ -49,6 +50,7 @@ __all__ = [
     "OnException",
     "PayloadNotSerializable",
     "PayloadTooLarge",
+    "Schedule",
     "StepNotDefined",
     "StepStalled",
     "StepWaiting",

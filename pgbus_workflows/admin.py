@@ -79,6 +79,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 #: The run page's header, all read-only.
 RUN_FIELDS: tuple[str, ...] = ("workflow_id", "workflow_class", "subject", "coloured_status", "current_step")
 RUN_FIELDS += ("paused_reason", "arguments_json", "idempotency_key", "allow_multiple", "rerun_of_link")
+RUN_FIELDS += ("schedule_link", "scheduled_for")
+RUN_READONLY: tuple[str, ...] = ("short_id", "subject", "coloured_status", "attempt", "age", "arguments_json")
+RUN_READONLY += ("rerun_of_link", "schedule_link")
 
 
 @admin.register(WorkflowRun)
@@ -109,7 +112,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             {"fields": ("created_at", "started_at", "status_changed_at", "finished_at"), "classes": ["collapse"]},
         ),
     )
-    readonly_fields = ("short_id", "subject", "coloured_status", "attempt", "age", "arguments_json", "rerun_of_link")
+    readonly_fields = RUN_READONLY
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         # Any short id is part of many UUIDs: workflow ids are searched only for a term that
@@ -119,6 +122,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         if bits and all(UUID_START.fullmatch(bit) for bit in bits):
             return ["^workflow_id", "=subject_id", "idempotency_key"]
         return ["=subject_id", "idempotency_key"]
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        # A schedule's page links to its runs (no sidebar filter: there may be thousands of schedules).
+        return lookup == "schedule__id__exact" or super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
         # One subquery, not one query per row: the changelist's cost does not grow with the page.
@@ -151,6 +158,13 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     @admin.display(description=_("arguments"))
     def arguments_json(self, run: WorkflowRun) -> SafeString:
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(run.arguments))
+
+    @admin.display(description=_("schedule"))
+    def schedule_link(self, run: WorkflowRun) -> Any:
+        if run.schedule_id is None:
+            return "-"
+        url = change_url(self.admin_site.name, "workflowschedule", run.schedule_id)
+        return format_html('<a href="{}">{}</a>', url, run.schedule)
 
     @admin.display(description=_("rerun of"))
     def rerun_of_link(self, run: WorkflowRun) -> Any:
@@ -373,3 +387,7 @@ class FanOutJobAdmin(ReadOnlyAdmin):
     @admin.display(description=_("result"))
     def result_json(self, job: FanOutJob) -> SafeString:
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.result))
+
+
+# Registers the schedules' admin (a module of its own) with this one.
+from . import admin_schedules  # noqa: E402, F401

@@ -17,7 +17,7 @@ from django.db.models import Count
 
 from . import clock
 from .conf import settings
-from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
+from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSchedule, WorkflowSignal, WorkflowStep
 from .registry import registry
 from .states import ACTIVE_STEP, ONGOING_RUN, RunStatus, StepStatus
 
@@ -45,7 +45,7 @@ def check_rows_against_code(app_configs: Any = None, databases: Any = None, **kw
     if not databases or "default" not in databases:
         return []
     try:
-        return [*_unknown_runs(), *_gravestones(), *_unknown_signals(), *_unserved_queues()]
+        return [*_unknown_runs(), *_gravestones(), *_unknown_signals(), *_unserved_queues(), *_unknown_schedules()]
     except DatabaseError as error:  # unreachable or not migrated: say so, do not crash `check`
         return [
             CheckWarning(
@@ -154,4 +154,25 @@ def _unserved_queues() -> list[CheckMessage]:
         )
         for queue, count in sorted(due)
         if queue not in served
+    ]
+
+
+def _unknown_schedules() -> list[CheckMessage]:
+    """Schedules of classes this code does not define: no leader running this code fires them."""
+    known = [cls.name for cls in registry.classes()]
+    rows = (
+        WorkflowSchedule.objects.filter(enabled=True, paused=False)
+        .exclude(workflow_class__in=known)
+        .values_list("workflow_class")
+        .annotate(n=Count("pk"))
+        .order_by("workflow_class")
+    )
+    return [
+        CheckWarning(
+            f"{n} schedule(s) of workflow class {klass!r}, which this code does not define: "
+            "a schedule leader running this code does not fire them.",
+            hint="Deploy the code that defines the class, or pause or delete its schedules in the admin.",
+            id="pgbus_workflows.W010",
+        )
+        for klass, n in rows
     ]

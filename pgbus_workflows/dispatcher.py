@@ -34,6 +34,7 @@ from .conf import settings
 from .deploy import catalog
 from .migrated import require_migrated
 from .models import Dispatcher, FanOutJob, WorkflowStep
+from .scheduler import ScheduleLeader
 from .services.claims import claim_and_look_ahead, stall
 from .services.fanout import claim_due_jobs, recover_jobs
 from .session import connection_params, probe_listen
@@ -58,6 +59,7 @@ class WorkflowDispatcher:
         sweep: bool = True,
         sweep_only: bool = False,
         shutdown_timeout: float = 30.0,
+        schedules: bool = True,
     ) -> None:
         self.concurrency = concurrency
         self.queues = frozenset(queues) if queues else None
@@ -69,6 +71,8 @@ class WorkflowDispatcher:
         self.sweeper = Sweeper()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        #: None with ``--no-schedules``: this process never fires schedule ticks.
+        self.schedule_leader = ScheduleLeader(self.name, self._stopping) if schedules else None
         self._signals = 0
         self._orphans_possible = threading.Event()
         self.pool = WorkerPool(
@@ -110,6 +114,8 @@ class WorkflowDispatcher:
                 self._start_thread("pgbus-sweep", partial(self._every, "Sweep", every, self.sweeper.run))
             if sql.postgresql() and not self.sweep_only:
                 self._start_thread("pgbus-listener", self._listen)
+            if self.schedule_leader is not None:
+                self._start_thread("pgbus-schedules", self.schedule_leader.run)
         with _stop_signals(self._on_signal):
             try:
                 self._loop()
@@ -235,6 +241,8 @@ class WorkflowDispatcher:
             # --once sweeps on this thread, once, before it claims.
             if self.sweep:
                 self.sweeper.run()
+            if self.schedule_leader is not None:
+                self.schedule_leader.once()
             self._swept = True
         if self.sweep_only:
             return None if self.once else settings.POLL_INTERVAL.total_seconds()

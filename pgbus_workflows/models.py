@@ -62,6 +62,18 @@ class WorkflowRun(models.Model):
     started_at = models.DateTimeField(_("started at"), default=timezone.now)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     status_changed_at = models.DateTimeField(_("status changed at"), default=timezone.now)
+    #: Set on a run a schedule started: the schedule, and the tick (the time it was due) it fired for.
+    # db_index=False: pgbus_wf_one_run_per_tick (schedule, scheduled_for) serves lookups by schedule.
+    schedule = models.ForeignKey(
+        "pgbus_workflows.WorkflowSchedule",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="runs",
+        verbose_name=_("schedule"),
+        db_index=False,
+    )
+    scheduled_for = models.DateTimeField(_("scheduled for"), null=True, blank=True)
 
     objects = WorkflowRunQuerySet.as_manager()
 
@@ -82,6 +94,12 @@ class WorkflowRun(models.Model):
                 name="pgbus_wf_unique_idempotency_key",
             ),
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="pgbus_wf_run_status_valid"),
+            # A tick starts exactly one run: the database refuses a second, whoever fires it.
+            models.UniqueConstraint(
+                fields=["schedule", "scheduled_for"],
+                condition=Q(schedule__isnull=False),
+                name="pgbus_wf_one_run_per_tick",
+            ),
         ]
         indexes = [
             models.Index(fields=["workflow_class", "status"], name="pgbus_wf_run_class_status"),
@@ -341,3 +359,7 @@ class FanOutJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.function} #{self.index} ({self.status})"
+
+
+# The schedule models live in a module of their own; imported here so Django registers them.
+from .schedule_models import ScheduleEvent, WorkflowSchedule  # noqa: E402, F401

@@ -271,3 +271,19 @@ def enforce_on_delete(schema_editor: Any, app_models: Iterable[type[models.Model
                 cursor.execute(f"ALTER TABLE {quote(table)} VALIDATE CONSTRAINT {quote(name)}")
                 for old, _, _ in keys:
                     cursor.execute(f"ALTER TABLE {quote(table)} DROP CONSTRAINT {quote(old)}")
+
+
+def add_declared(schema_editor: Any, model: type[models.Model], name: str) -> None:
+    """Create the declared index or constraint ``name`` of ``model`` on a table that may be large.
+
+    PostgreSQL builds it online (:func:`restore_declared`: ``CONCURRENTLY``, in a non-atomic
+    migration); SQLite, where the app's tables are small, adds it as Django would.
+    """
+    if schema_editor.connection.vendor == "postgresql":
+        restore_declared(schema_editor, [model])
+        return
+    item = next(i for i in _declared(model) if i.name == name)
+    if isinstance(item, models.Index):
+        schema_editor.add_index(model, item)
+    else:
+        schema_editor.add_constraint(model, item)

@@ -1,4 +1,4 @@
-"""Connections of the dispatcher's own, beside Django's: the LISTEN connection and the sweep lock.
+"""Connections of the dispatcher's own, beside Django's: the LISTEN connection, the sweep and schedule locks.
 
 Both must be right behind a connection pool in transaction mode (PgBouncer's
 ``pool_mode = transaction``), where consecutive transactions of one client may run on
@@ -64,6 +64,18 @@ class TransactionLock:
         self._conn = conn
         return True
 
+    def held(self) -> bool:
+        """Whether the lock is still held: its connection still answers (a lost connection lost the lock)."""
+        if self._conn is None:
+            return False
+        try:
+            self._conn.execute(statement("database_clock")).fetchone()
+        except psycopg.Error:
+            conn, self._conn = self._conn, None
+            conn.close()  # the server ended the transaction, or will when it sees the connection go
+            return False
+        return True
+
     def release(self) -> None:
         """Roll the transaction back (releasing the lock) and close the connection."""
         conn, self._conn = self._conn, None
@@ -78,10 +90,14 @@ def probe_listen(conn: Any, channel: str) -> bool:
     """Whether ``conn`` (after LISTEN on ``channel``) receives a notification sent to it.
 
     Through a transaction-mode pool the LISTEN stays on a server connection the client no
-    longer holds, and the probe never comes back.
+    longer holds, and the probe never comes back. The probe is sent from a connection of its
+    own to the same endpoint: sent from ``conn``, it could run on the very server connection
+    that ran the LISTEN (the pool's only idle one) and come back while ``conn`` holds it, a
+    session proved by chance.
     """
     probe = f"probe:{uuid.uuid4().hex}"
-    conn.execute(statement("notify"), [channel, probe])
+    with psycopg.connect(**{**connection_params(), **conn.info.get_parameters()}, autocommit=True) as sender:
+        sender.execute(statement("notify"), [channel, probe])
     deadline = time.monotonic() + PROBE_SECONDS
     while (left := deadline - time.monotonic()) > 0:
         for note in conn.notifies(timeout=left, stop_after=1):

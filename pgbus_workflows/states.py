@@ -242,3 +242,29 @@ def allowed_verbs(facts: RunFacts) -> frozenset[str]:
     if status in TERMINAL_RUN and facts.class_known:
         verbs.add("rerun")
     return frozenset(verbs)
+
+
+class ScheduleEventKind(models.TextChoices):
+    """What a line of a schedule's audit trail records."""
+
+    CREATED = "created", _("created")
+    CHANGED = "changed", _("changed in code")
+    PAUSED = "paused", _("paused")
+    RESUMED = "resumed", _("resumed")
+    FIRED_NOW = "fired_now", _("fired now")
+    TICK_SKIPPED = "tick_skipped", _("tick skipped (overlap)")
+    TICKS_MISSED = "ticks_missed", _("ticks missed (catch-up)")
+    PREVIOUS_CANCELLED = "previous_cancelled", _("previous run cancelled")
+    TICK_FAILED = "tick_failed", _("tick failed")
+
+
+def allowed_schedule_verbs(*, paused: bool, enabled: bool, class_known: bool) -> frozenset[str]:
+    """The operator verbs a schedule may take: ``pause`` when running, ``resume`` when paused,
+    ``fire_now`` while its class is registered (paused or not: an operator may fire by hand).
+
+    A schedule disabled in code (``enabled=False``) fires only by hand: pausing it adds nothing.
+    """
+    verbs = {"resume"} if paused else ({"pause"} if enabled else set())
+    if class_known:
+        verbs.add("fire_now")
+    return frozenset(verbs)

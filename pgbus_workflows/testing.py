@@ -13,6 +13,9 @@
             self.complete_fan_out(wf)              # every job of the waiting fan-out runs, then it resolves
             self.assertWorkflowStatus(wf, "finished")
 
+        def test_nightly(self):
+            [wf] = self.tick_schedules(now=datetime(2026, 1, 1, 3, tzinfo=UTC))   # the runs the ticks started
+
 Every step runs through the real executor (claim, guards, policies, the audit trail)
 against the test database, ignoring ``wait``: a step that is not due yet is pulled
 forward with ``run_now`` (recorded with actor ``test_helpers``).
@@ -21,6 +24,7 @@ forward with ``run_now`` (recorded with actor ``test_helpers``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from . import clock
@@ -30,12 +34,16 @@ from .services import fanout, operator
 from .services.claims import claim_step
 from .services.executor import execute_step
 from .services.fanout import claim_job, execute_job
+from .services.firing import fire_due, next_due_at
 from .services.locks import locked_run
+from .services.schedules import sync_declared
 from .services.waiting import fire_timeout, waiting_step
 from .states import RunStatus, StepStatus
 from .workflow import Workflow
 
 ACTOR = "test_helpers"
+#: Rounds of firing :func:`tick_schedules` makes at most (each fires up to 100 ticks a schedule).
+MAX_TICK_ROUNDS = 1000
 
 
 def _waiting_for(workflow: Workflow) -> str:
@@ -78,6 +86,25 @@ def _perform(workflow: Workflow, step: WorkflowStep) -> None:
     if claimed is None:
         raise TestHelperError(f"{workflow!r}: step {step.step_name} could not be claimed")
     execute_step(claimed)
+
+
+def tick_schedules(now: datetime | None = None) -> list[Workflow]:
+    """Fire every schedule tick due as of ``now`` (default: now), as the dispatcher's leader would.
+
+    Syncs the classes' declared ``schedules`` first (a new one's first tick is the first after
+    ``now``), then fires until nothing is due as of ``now`` (``catchup="all"``: every missed
+    tick). Returns the handles of the runs started, in firing order; ``[]`` when nothing was
+    due. The runs' steps do not run: ``speedrun_workflow`` them.
+    """
+    now = now or clock.now()
+    sync_declared(now)
+    started: list[Workflow] = []
+    for _ in range(MAX_TICK_ROUNDS):
+        started.extend(fire_due(now))
+        due = next_due_at()
+        if due is None or due > now:
+            return started
+    raise TestHelperError(f"Schedules were still due as of {now.isoformat()} after {MAX_TICK_ROUNDS} rounds")
 
 
 class WorkflowTestMixin:
@@ -169,6 +196,10 @@ class WorkflowTestMixin:
                     execute_job(claimed)
         fanout.resolve_if_done(step.pk, workflow.record.pk)
         return workflow.reload()
+
+    def tick_schedules(self, now: datetime | None = None) -> list[Workflow]:
+        """Fire the schedule ticks due as of ``now``; returns the handles started (:func:`tick_schedules`)."""
+        return tick_schedules(now)
 
     def assertWorkflowStatus(self, workflow: Workflow, status: str) -> None:  # noqa: N802 - unittest style
         """Fail unless the reloaded run has ``status``."""

@@ -10,6 +10,7 @@ import inspect
 
 from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition
 from .exceptions import ConfigurationError
+from .schedules import declared_schedules
 
 
 def validate_class(cls: type) -> None:
@@ -36,6 +37,7 @@ def validate_class(cls: type) -> None:
     extra = cls.__dict__.get("extra_signals", ())
     if not isinstance(extra, list | tuple | set | frozenset) or not all(isinstance(n, str) and n for n in extra):
         raise ConfigurationError(f"{cls.__qualname__}.extra_signals must be a list of signal names")
+    declared_schedules(cls)
     _validate_names(cls)
     _validate_conditions(cls)
 

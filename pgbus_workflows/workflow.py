@@ -8,6 +8,7 @@ body (run by the executor) it also answers the step-only readers and verbs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ValidationError
@@ -15,13 +16,14 @@ from django.core.exceptions import ValidationError
 from .definitions import OnException, StepDefinition, ordered_steps, with_name
 from .exceptions import ConfigurationError, StepNotDefined
 from .registry import registry
+from .schedules import Schedule
 from .step_body import FlowControl, StepBody, StepContext
 from .validation import validate_class
 
 if TYPE_CHECKING:
     from django.db.models import Model, QuerySet
 
-    from .models import WorkflowEvent, WorkflowRun, WorkflowSignal
+    from .models import WorkflowEvent, WorkflowRun, WorkflowSchedule, WorkflowSignal
 
 
 class _StepNamespace(dict[str, Any]):
@@ -91,6 +93,9 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
     abstract: ClassVar[bool] = True
     #: Signal names accepted although no step waits for them (a later version's, say).
     extra_signals: ClassVar[tuple[str, ...] | list[str]] = ()
+    #: When runs start on their own (``Schedule(cron=...)`` or ``Schedule(every=...)``): the
+    #: class's own list, not inherited; the dispatcher's leader syncs it to rows.
+    schedules: ClassVar[list[Schedule] | tuple[Schedule, ...]] = ()
     #: True when the class body set ``name`` (else it is the dotted path: moving the module orphans runs).
     name_given: ClassVar[bool] = False
     _step_definitions: ClassVar[tuple[StepDefinition, ...]] = ()
@@ -179,6 +184,43 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         from .services.start import start_runs  # deferred: this module loads before the app registry
 
         return start_runs(cls, items)
+
+    @classmethod
+    def add_schedule(
+        cls,
+        cron: str | None = None,
+        *,
+        every: timedelta | int | float | None = None,
+        timezone: str = "UTC",
+        arguments: dict[str, Any] | None = None,
+        name: str | None = None,
+        overlap: str = "skip",
+        catchup: str = "latest",
+        jitter: timedelta | int | float | None = None,
+        enabled: bool = True,
+        start_at: datetime | None = None,
+        actor: str | None = None,
+    ) -> WorkflowSchedule:
+        """Add a schedule at run time (stored as a row, as the admin adds one); returns the row.
+
+        The options are :class:`Schedule`'s; the first tick is the first after ``start_at``
+        (default: now). Bad options raise :class:`ConfigurationError`; a name the class
+        already has raises ``ValueError``.
+        """
+        from .services.schedules import add_schedule  # deferred: this module loads before the app registry
+
+        schedule = Schedule(
+            cron,
+            every=every,
+            timezone=timezone,
+            arguments=arguments,
+            name=name,
+            overlap=overlap,
+            catchup=catchup,
+            jitter=jitter,
+            enabled=enabled,
+        )
+        return add_schedule(cls, schedule, start_at=start_at, actor=actor)
 
     @classmethod
     def find(cls, workflow_id: Any) -> Any:
@@ -289,6 +331,11 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
     def current_step(self) -> str:
         """The name of the run's active (or last) step."""
         return self.record.current_step
+
+    @property
+    def scheduled_for(self) -> datetime | None:
+        """The tick a schedule started this run for (None for a run started otherwise)."""
+        return self.record.scheduled_for
 
     @property
     def events(self) -> QuerySet[WorkflowEvent]:

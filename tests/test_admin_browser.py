@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -243,3 +243,44 @@ def test_an_operator_delivers_a_signal_choosing_from_the_names_the_step_waits_fo
 
     assert waiting.reload().status == "ready"
     assert waiting.signals.get().payload == {"amount": 12}
+
+
+def test_an_operator_sees_the_schedules_and_pauses_one_with_a_reason(live_server, django_user_model, tmp_path):
+    from pgbus_workflows.testing import tick_schedules
+    from tests.testapp.workflows import Ticked
+
+    start = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    nightly = Ticked.add_schedule(cron="30 2 * * *", timezone="Europe/Paris", name="nightly report")
+    quarter = Ticked.add_schedule(every=timedelta(minutes=15), start_at=start, name="reminder sweep")
+    [run] = tick_schedules(now=start + timedelta(minutes=15))
+    staff_user(django_user_model, "paula", "view_workflowschedule", "view_workflowrun", "pause_workflowschedule")
+
+    with browser_page(live_server) as page:
+        log_in(page, live_server, "paula")
+        page.goto(f"{live_server.url}/admin/pgbus_workflows/workflowschedule/")
+        page.wait_for_selector("#result_list")
+        table = page.locator("#result_list").inner_text()
+        assert "At 02:30 every day (Europe/Paris)" in table and "Every 15 minutes" in table
+        assert "2026-06-01 12:15:00" in table  # the last run's tick, with its status
+        page.screenshot(path=str(tmp_path / "schedules.png"), full_page=True)
+
+        page.click("#result_list a:has-text('nightly report')")
+        page.wait_for_selector("#schedule-events")
+        assert page.locator("a.pgbus-op-fire_now").count() == 0  # no fire permission
+        page.click("a.pgbus-op-pause")
+        page.fill("#id_reason", "the report's database is migrating")
+        page.click("input[type=submit][value=Pause]")
+        page.wait_for_selector("#schedule-events")
+        assert "paused" in page.locator("ul.messagelist").inner_text()
+        paused = page.locator("tr.pgbus-schedule-event-paused")
+        assert "paula" in paused.inner_text() and "migrating" in paused.inner_text()
+        assert page.locator("a.pgbus-op-resume").count() == 1
+
+        page.goto(f"{live_server.url}/admin/pgbus_workflows/workflowrun/{run.record.pk}/change/")
+        page.click("a:has-text('reminder sweep')")
+        page.wait_for_selector("#schedule-events")
+        assert f"/workflowschedule/{quarter.pk}/change/" in page.url
+
+    nightly.refresh_from_db()
+    assert nightly.paused
+    assert nightly.events.get(kind="paused").reason == "the report's database is migrating"

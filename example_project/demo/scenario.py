@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.db.models import Model
@@ -19,12 +20,14 @@ from pgbus_workflows import Workflow
 from ..gallery.models import Album, Image
 from ..gallery.workflows import AlbumProcessing
 from ..shop.models import CarrierBooking, Order
-from ..shop.workflows import OrderFulfilment
+from ..shop.workflows import OrderFulfilment, SalesReport
 from ..signup.models import Signup
 from ..signup.workflows import SignupDrip
 
-WORKFLOWS: tuple[type[Workflow], ...] = (SignupDrip, OrderFulfilment, AlbumProcessing)
+WORKFLOWS: tuple[type[Workflow], ...] = (SignupDrip, OrderFulfilment, AlbumProcessing, SalesReport)
 ACTOR = "demo"
+#: The schedule the demo adds at run time (and pauses when its timeline is over).
+REPORT_SCHEDULE = "demo: every 2 seconds"
 
 
 @dataclass
@@ -75,8 +78,9 @@ class Scenario:
 
 def reset() -> int:
     """Delete the sample rows and the example workflows' runs of an earlier demo; returns the runs deleted."""
-    from pgbus_workflows.models import WorkflowRun
+    from pgbus_workflows.models import WorkflowRun, WorkflowSchedule
 
+    WorkflowSchedule.objects.filter(workflow_class=SalesReport.name, name=REPORT_SCHEDULE).delete()
     _, deleted = WorkflowRun.objects.filter(workflow_class__in=[w.name for w in WORKFLOWS]).delete()
     for model in (CarrierBooking, Order, Signup, Album):
         model.objects.all().delete()
@@ -159,6 +163,32 @@ def _unsubscribe(signup: Signup) -> Callable[[], str]:
     return act
 
 
+def _schedule_reports() -> str:
+    SalesReport.add_schedule(every=timedelta(seconds=2), name=REPORT_SCHEDULE, actor=ACTOR)
+    return "sales report scheduled every 2 seconds (add_schedule): the dispatcher's leader fires each tick"
+
+
+def _stop_reports(scenario: Scenario) -> Callable[[], str]:
+    """Pause the demo's schedule and track the runs it started (the demo fails when it started none)."""
+
+    def act() -> str:
+        from pgbus_workflows.models import WorkflowSchedule
+        from pgbus_workflows.services import schedules
+
+        schedule = WorkflowSchedule.objects.get(workflow_class=SalesReport.name, name=REPORT_SCHEDULE)
+        schedules.pause(schedule.pk, actor=ACTOR, reason="the demo's timeline is over")
+        runs = list(schedule.runs.order_by("scheduled_for"))
+        for run in runs:
+            label = f"sales report for {run.scheduled_for:%H:%M:%S}"
+            scenario.tracked.append(Tracked(label, SalesReport.name, run.pk, str(run.workflow_id), "finished"))
+        if not runs:
+            scenario.tracked.append(Tracked("sales report", SalesReport.name, 0, "", "finished", "never fired"))
+        ticks = ", ".join(f"{run.scheduled_for:%H:%M:%S}" for run in runs)
+        return f"the schedule fired {len(runs)} sales report(s) (ticks {ticks or 'none'}); paused it"
+
+    return act
+
+
 # -- the timelines ---------------------------------------------------------------------------
 
 
@@ -196,6 +226,8 @@ def quick(scenario: Scenario) -> None:
     scenario.at(0.0, signups)
     scenario.at(0.0, orders)
     scenario.at(0.0, albums)
+    scenario.at(0.0, _schedule_reports)
+    scenario.at(5.0, _stop_reports(scenario))
 
 
 def full(scenario: Scenario) -> None:
@@ -239,3 +271,5 @@ def full(scenario: Scenario) -> None:
             return f"album {created} uploaded with {created.images.count()} images"
 
         scenario.at(12.0 * i + 2.0, album)
+    scenario.at(0.0, _schedule_reports)
+    scenario.at(30.0, _stop_reports(scenario))

@@ -1,5 +1,6 @@
-"""The order workflow: payment signal, its timeout, the flaky carrier, an operator's fix."""
+"""The order workflow: payment signal, its timeout, the flaky carrier, an operator's fix; the scheduled report."""
 
+from datetime import UTC, datetime, timedelta
 from unittest import mock
 
 from django.contrib.auth.models import User
@@ -11,7 +12,7 @@ from pgbus_workflows.testing import WorkflowTestMixin
 
 from . import carrier
 from .models import CarrierBooking, Order, Payment
-from .workflows import OrderFulfilment
+from .workflows import OrderFulfilment, SalesReport
 
 PAYMENT = {"amount_cents": 4900, "reference": "pi_123"}
 
@@ -120,3 +121,23 @@ class OrderAdminTests(TestCase):
         self.assertContains(self.client.get(reverse("admin:shop_order_change", args=[order.pk])), "pi_123")
         for name in ("payment", "carrierbooking"):
             self.assertEqual(self.client.get(reverse(f"admin:shop_{name}_changelist")).status_code, 200)
+
+
+class SalesReportTests(WorkflowTestMixin, TestCase):
+    def test_each_tick_reports_the_payments_up_to_its_own_time(self) -> None:
+        start = datetime(2026, 3, 1, 5, 0, tzinfo=UTC)
+        an_hour_before = start - timedelta(hours=1)
+        SalesReport.add_schedule(
+            cron="0 6 * * *", timezone="Europe/Paris", start_at=an_hour_before, catchup="all", overlap="allow"
+        )
+        order = place()
+        Payment.objects.create(order=order, amount_cents=4900, reference="pi_1", received_at=start)
+        Payment.objects.create(order=order, amount_cents=900, reference="pi_2", received_at=start + timedelta(days=1))
+        self.assertEqual(self.tick_schedules(now=start - timedelta(seconds=1)), [])  # 06:00 Paris is 05:00 UTC: not yet
+
+        first, second = self.tick_schedules(now=start + timedelta(days=1, hours=1))  # a day late: both fire
+
+        self.assertEqual([first.scheduled_for, second.scheduled_for], [start, start + timedelta(days=1)])
+        for wf, payments in ((first, 1), (second, 2)):
+            self.speedrun_workflow(wf)
+            self.assertEqual(wf.outputs["total"], {"for": wf.scheduled_for.isoformat(), "payments": payments})

@@ -64,3 +64,18 @@ class OrderFulfilment(Workflow):
     def confirm(self) -> dict[str, str]:
         tracking = self.outputs["ship"]["tracking_number"]
         return {"email": self.subject.customer_email, "message": f"Your order is on its way: {tracking}"}
+
+
+class SalesReport(Workflow):
+    """The day's sales, on a clock: in real life ``Schedule(cron="0 6 * * *", timezone="Europe/Paris")``.
+
+    The demo adds its schedule at run time (``SalesReport.add_schedule(every=...)``), every two
+    seconds; ``self.scheduled_for`` is the tick the run is for, whenever it really started.
+    """
+
+    name = "shop_sales_report"
+
+    @step
+    def total(self) -> dict[str, Any]:
+        paid = Payment.objects.filter(received_at__lte=self.scheduled_for)
+        return {"for": self.scheduled_for.isoformat(), "payments": paid.count()}

@@ -29,6 +29,9 @@ MAX_KEY_LENGTH = 255
 if TYPE_CHECKING:
     from ..workflow import Workflow
 
+#: ``(schedule pk, the tick's time)`` of a run a schedule starts.
+Tick = tuple[int, datetime]
+
 
 def start_run(
     cls: type[Workflow],
@@ -38,16 +41,18 @@ def start_run(
     arguments: dict[str, Any] | None = None,
     actor: str | None = None,
     rerun_of: WorkflowRun | None = None,
+    tick: Tick | None = None,
 ) -> Workflow:
     """Create a run of ``cls`` and schedule its first step; returns the handle.
 
     Works inside the caller's ``transaction.atomic()`` (the dispatcher sees nothing until it
-    commits). Bad input raises before anything is written.
+    commits). Bad input raises before anything is written. ``tick``: the schedule and the
+    time it fired for (``services.firing``), stored on the run and in its ``started`` event.
     """
     subject_type, subject_id, payload = _checked(cls, subject, idempotency_key, arguments)
     _warn_if_unknown_to_dispatchers(cls)
     try:
-        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of)
+        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of, tick)
     except (ProgrammingError, OperationalError) as error:
         not_migrated = explain(error)
         if not_migrated is not None:
@@ -83,6 +88,7 @@ def _new_run(
     idempotency_key: str | None,
     payload: dict[str, Any],
     rerun_of: WorkflowRun | None = None,
+    tick: Tick | None = None,
 ) -> WorkflowRun:
     return rows.build(
         WorkflowRun,
@@ -97,6 +103,8 @@ def _new_run(
         created_at=now,
         started_at=now,
         status_changed_at=now,
+        schedule_id=tick[0] if tick else None,
+        scheduled_for=tick[1] if tick else None,
     )
 
 
@@ -108,14 +116,17 @@ def _insert(
     payload: dict[str, Any],
     actor: str | None,
     rerun_of: WorkflowRun | None,
+    tick: Tick | None = None,
 ) -> Workflow:
     now = clock.now()
     first = cls.next_step_after(None)
-    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of)
+    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick)
     ledger = RunLedger(record, now)
     details: dict[str, Any] = {"arguments": payload}
     if rerun_of is not None:
         details["rerun_of"] = str(rerun_of.workflow_id)
+    if tick is not None:
+        details["schedule_id"], details["scheduled_for"] = tick[0], tick[1].isoformat()
     started: dict[str, Any] = {"actor": actor, "details": details, "transition": ("", "", RunStatus.READY)}
     if first is not None and sql.postgresql():
         # The common case in one statement: no transaction of its own, no savepoint, no

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
-from pgbus_workflows import Job, Workflow, fan_out, step
+from pgbus_workflows import Job, Schedule, Workflow, fan_out, step
 
 from .jobs import square
 from .models import SideEffect
@@ -267,3 +267,27 @@ class FanJsonArguments(Workflow):
     @step
     def after(self):
         return {"received": list(self.fan_out_results("work"))}
+
+
+class YearlyReport(Workflow):
+    """Declared schedules, synced from code: ticks that a test's dispatcher never meets by chance."""
+
+    name = "yearly_report"
+    schedules = [
+        Schedule(cron="0 3 1 1 *", timezone="Europe/Paris", arguments={"kind": "yearly"}),
+        Schedule(every=timedelta(days=366), name="leap", overlap="allow", catchup="all", enabled=False),
+    ]
+
+    @step
+    def report(self):
+        record("report", self.scheduled_for.isoformat() if self.scheduled_for else "")
+
+
+class Ticked(Workflow):
+    """Scheduled at run time (``add_schedule``) by the schedule tests: its body records its tick."""
+
+    name = "ticked"
+
+    @step
+    def note(self):
+        record("ticked", self.scheduled_for.isoformat())

@@ -79,10 +79,19 @@ class Command(BaseCommand):
             metavar="NAME",
             help="serve only this queue (repeatable; default: every queue)",
         )
-        parser.add_argument("--once", action="store_true", help="run the sweep once, drain what is due, then exit")
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="run the sweep once, fire due schedule ticks, drain what is due, then exit",
+        )
         sweep = parser.add_mutually_exclusive_group()
         sweep.add_argument("--no-sweep", action="store_true", help="never run the sweep in this process")
         sweep.add_argument("--sweep-only", action="store_true", help="run only the sweep (no steps)")
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="never fire schedule ticks in this process (another dispatcher leads them)",
+        )
         parser.add_argument(
             "--shutdown-timeout",
             type=non_negative_seconds,
@@ -101,6 +110,7 @@ class Command(BaseCommand):
             sweep=not options["no_sweep"],
             sweep_only=options["sweep_only"],
             shutdown_timeout=options["shutdown_timeout"],
+            schedules=not options["no_schedules"],
         )
         try:
             code = dispatcher.run()

@@ -1,0 +1,211 @@
+"""Firing a schedule's ticks: each due tick starts exactly one run, under the schedule's row lock.
+
+One transaction per tick: lock the schedule row, decide with its policies what the tick does
+(start a run, skip it because the last run is still going, drop missed ticks), start the run
+through ``services.start`` (validation, the ``started`` event and its NOTIFY as for any
+start), and move ``next_fire_at`` on. The run and the schedule's new ``next_fire_at`` commit
+together, so a crash between the two cannot happen. Correctness does not rest on there being
+one leader: the row lock serializes firers, and the database refuses a second run for one
+tick (``pgbus_wf_one_run_per_tick``) whoever inserts it.
+
+Catch-up (ticks whose time passed while nothing fired them, as after downtime):
+``"latest"`` fires only the newest of them, ``"all"`` fires each, oldest first (at most
+:data:`MAX_TICKS_PER_ROUND` per schedule per call, so one backlog never starves the others),
+``"none"`` fires none of them, nor a tick more than :data:`ON_TIME` late. Dropped ticks are
+recorded as a ``ticks_missed`` schedule event.
+
+Overlap (the schedule's previous run still ongoing when a tick fires): ``"skip"`` records a
+``tick_skipped`` event and starts nothing, ``"allow"`` starts the run anyway,
+``"cancel_previous"`` cancels the ongoing runs (operator ``cancel``, actor ``scheduler``) first.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Min
+
+from .. import clock
+from ..models import ScheduleEvent, WorkflowRun, WorkflowSchedule
+from ..registry import registry
+from ..schedules import jitter_offset, latest_tick, next_tick
+from ..states import ScheduleEventKind
+from . import operator
+from .start import start_run
+
+if TYPE_CHECKING:
+    from ..workflow import Workflow
+
+logger = logging.getLogger("pgbus_workflows")
+
+#: The actor of what a schedule does on its own (its runs' ``started`` events, cancellations).
+ACTOR = "scheduler"
+#: With ``catchup="none"``, a tick fired later than this after its time is dropped as missed.
+ON_TIME = timedelta(seconds=60)
+#: Ticks one schedule fires per :func:`fire_due` call (``catchup="all"`` after a long downtime).
+MAX_TICKS_PER_ROUND = 100
+DB_ERRORS = (OperationalError, InterfaceError)
+#: Schedules one :func:`fire_due` call looks at.
+BATCH_SIZE = 500
+
+
+def due_schedules(now: datetime) -> Any:
+    """Schedules that fire on their own, whose class this process knows, with a tick due by ``now``."""
+    known = [cls.name for cls in registry.classes()]
+    return WorkflowSchedule.objects.filter(enabled=True, paused=False, due_at__lte=now, workflow_class__in=known)
+
+
+def next_due_at() -> datetime | None:
+    """When the next tick of a schedule this process can fire is due (None: no schedule fires)."""
+    known = [cls.name for cls in registry.classes()]
+    return WorkflowSchedule.objects.filter(enabled=True, paused=False, workflow_class__in=known).aggregate(  # type: ignore[no-any-return]
+        at=Min("due_at")
+    )["at"]
+
+
+def fire_due(now: datetime | None = None) -> list[Workflow]:
+    """Fire every tick due as of ``now`` (default: the database's clock); returns the handles started.
+
+    A schedule another transaction holds (an operator pausing it) is passed over until the next call.
+    """
+    now = now or clock.now()
+    started: list[Workflow] = []
+    pks = list(due_schedules(now).order_by("due_at", "pk").values_list("pk", flat=True)[:BATCH_SIZE])
+    for pk in pks:
+        started.extend(fire_schedule(pk, now))
+    return started
+
+
+def fire_schedule(pk: int, now: datetime) -> list[Workflow]:
+    """Fire the due ticks of schedule ``pk`` (its policies decide which), one transaction each."""
+    started: list[Workflow] = []
+    for _ in range(MAX_TICKS_PER_ROUND):
+        try:
+            with transaction.atomic():
+                schedule = _lock_due(pk, now)
+                if schedule is None:
+                    break
+                handle = _fire(schedule, now)
+        except DB_ERRORS:
+            raise  # the database is away: the tick is still due, and fires when it is back
+        except Exception as error:
+            _record_failure(pk, now, error)
+            break
+        if handle is not None:
+            started.append(handle)
+        if schedule.due_at is None or schedule.due_at > now:
+            break  # the usual case: one tick was due (no second look under a lock)
+    return started
+
+
+def _lock_due(pk: int, now: datetime) -> WorkflowSchedule | None:
+    """The schedule, locked, if it still has a tick due (another firer may have fired it meanwhile)."""
+    due = WorkflowSchedule.objects.select_for_update(skip_locked=True)
+    return due.filter(pk=pk, enabled=True, paused=False, due_at__lte=now).first()
+
+
+def _fire(schedule: WorkflowSchedule, now: datetime) -> Workflow | None:
+    """What the schedule's next tick does, under its lock; returns the handle of the run it started."""
+    tick = schedule.next_fire_at
+    if tick is None:  # a row written by hand with a due_at only: start from now
+        advance(schedule, next_tick(schedule.cron, schedule.every, schedule.timezone, now))
+        return None
+    handle = None
+    if schedule.catchup in ("latest", "none"):
+        latest = latest_tick(schedule.cron, schedule.every, schedule.timezone, now)
+        if latest > tick:
+            _event(schedule, ScheduleEventKind.TICKS_MISSED, first=tick, last=_previous(schedule, latest))
+            tick = latest
+    late = now - (tick + jitter_offset(schedule.jitter, _jitter_key(schedule), tick))
+    if schedule.catchup == "none" and late > ON_TIME:
+        _event(schedule, ScheduleEventKind.TICKS_MISSED, first=tick, last=tick)
+    else:
+        handle = _start_for_tick(schedule, tick, ACTOR)
+    advance(schedule, next_tick(schedule.cron, schedule.every, schedule.timezone, tick))
+    return handle
+
+
+def _previous(schedule: WorkflowSchedule, tick: datetime) -> datetime:
+    """The tick before ``tick``."""
+    return latest_tick(schedule.cron, schedule.every, schedule.timezone, tick - timedelta(microseconds=1))
+
+
+def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str) -> Workflow | None:
+    """Start the tick's run as the overlap policy allows (None: skipped, or the tick already has its run)."""
+    cls = registry.class_for(schedule.workflow_class)
+    ongoing = []
+    if schedule.overlap != "allow":
+        ongoing = list(WorkflowRun.objects.ongoing().filter(schedule_id=schedule.pk).order_by("pk"))
+    if ongoing and schedule.overlap == "skip":
+        runs = [str(run.workflow_id) for run in ongoing]
+        _event(schedule, ScheduleEventKind.TICK_SKIPPED, run=ongoing[-1], scheduled_for=tick, ongoing=runs)
+        return None
+    if ongoing and schedule.overlap == "cancel_previous":
+        reason = f"schedule {schedule.name!r}: its tick of {tick.isoformat()} cancels the previous run"
+        for run in ongoing:
+            operator.cancel(run.pk, actor=ACTOR, reason=reason)
+            _event(schedule, ScheduleEventKind.PREVIOUS_CANCELLED, run=run, scheduled_for=tick)
+    handle = start_run(
+        cls,
+        None,
+        idempotency_key=tick_key(schedule, tick),
+        arguments=dict(schedule.arguments),
+        actor=actor,
+        tick=(schedule.pk, tick),
+    )
+    if handle.duplicate_start:  # the database already holds this tick's run: nothing new started
+        return None
+    schedule.last_fired_at = tick
+    schedule.last_run = handle.record
+    return handle
+
+
+def start_now(schedule: WorkflowSchedule, actor: str) -> Workflow | None:
+    """Start a run of the locked ``schedule`` for this moment, as ``fire now`` does (None: skipped)."""
+    handle = _start_for_tick(schedule, clock.now(), actor)
+    schedule.updated_at = clock.now()
+    schedule.save(update_fields=["last_fired_at", "last_run", "updated_at"])
+    return handle
+
+
+def tick_key(schedule: WorkflowSchedule, tick: datetime) -> str:
+    """The idempotency key of a tick's run: a second start for the tick returns the first run."""
+    return f"schedule:{schedule.pk}:{tick.isoformat()}"
+
+
+def _jitter_key(schedule: WorkflowSchedule) -> str:
+    return f"{schedule.workflow_class}:{schedule.name}"
+
+
+def advance(schedule: WorkflowSchedule, tick: datetime) -> None:
+    """Make ``tick`` the schedule's next one (its due time with the jitter) and save the row."""
+    schedule.next_fire_at = tick
+    schedule.due_at = tick + jitter_offset(schedule.jitter, _jitter_key(schedule), tick)
+    schedule.updated_at = clock.now()
+    schedule.save(update_fields=["next_fire_at", "due_at", "last_fired_at", "last_run", "updated_at"])
+
+
+def _event(schedule: WorkflowSchedule, kind: str, run: WorkflowRun | None = None, **details: datetime | Any) -> None:
+    values = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in details.items()}
+    ScheduleEvent.objects.create(schedule=schedule, kind=kind, actor=ACTOR, run=run, details=values)
+
+
+def _record_failure(pk: int, now: datetime, error: Exception) -> None:
+    """A tick whose run could not start: recorded on the schedule and passed, so it does not fail forever."""
+    logger.error("Schedule %s: its tick could not fire (%s: %s)", pk, type(error).__name__, error, exc_info=True)
+    with transaction.atomic():
+        schedule = WorkflowSchedule.objects.select_for_update().filter(pk=pk).first()
+        if schedule is None or schedule.next_fire_at is None:
+            return
+        tick = schedule.next_fire_at
+        ScheduleEvent.objects.create(
+            schedule=schedule,
+            kind=ScheduleEventKind.TICK_FAILED,
+            actor=ACTOR,
+            reason=f"{type(error).__name__}: {error}"[:2000],
+            details={"scheduled_for": tick.isoformat()},
+        )
+        advance(schedule, next_tick(schedule.cron, schedule.every, schedule.timezone, max(tick, now)))

@@ -1,0 +1,123 @@
+"""Schedules fired by real ``run_workflow_dispatcher`` processes: on time, by one leader, never twice.
+
+An every-second schedule with ``catchup="all"``: every tick from the first to the last must
+have exactly one run, whichever dispatcher fired it, through a SIGKILL of the leader while
+its tick's transaction is open.
+"""
+
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from pgbus_workflows.models import WorkflowEvent, WorkflowRun
+from tests.procs import database_url, eventually
+from tests.testapp.workflows import Ticked
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECOND = timedelta(seconds=1)
+#: A long sweep interval: ticks must not wait for the sweep.
+SETTINGS = {"SWEEP_INTERVAL": 60, "HEARTBEAT_INTERVAL": 0.5, "DISPATCHER_DEAD_AFTER": 3, "POLL_INTERVAL": 0.2}
+
+
+def every_second():
+    return Ticked.add_schedule(every=SECOND, overlap="allow", catchup="all", start_at=datetime.now(UTC))
+
+
+def ticks():
+    return sorted(WorkflowRun.objects.filter(schedule__isnull=False).values_list("scheduled_for", flat=True))
+
+
+def assert_each_tick_once_and_none_lost(fired):
+    assert fired, "no tick fired"
+    assert len(set(fired)) == len(fired)
+    assert fired == [fired[0] + n * SECOND for n in range(len(fired))], "a tick is missing"
+    runs = WorkflowRun.objects.filter(schedule__isnull=False)
+    assert WorkflowEvent.objects.filter(kind="started", run__in=runs).count() == len(fired)
+
+
+def leads(process):
+    return "Schedules: " in process.output() and " leads" in process.output()
+
+
+def test_the_leader_fires_each_tick_within_a_second_of_its_time_with_a_long_sweep_interval(dispatchers):
+    every_second()
+    process = dispatchers("--concurrency", "2", settings=SETTINGS)
+    eventually(lambda: len(ticks()) >= 8, timeout=60, what="eight ticks")
+    process.send(signal.SIGTERM)
+    assert process.wait() == 0, process.output()
+
+    runs = list(WorkflowRun.objects.filter(schedule__isnull=False).order_by("scheduled_for"))
+    assert_each_tick_once_and_none_lost([run.scheduled_for for run in runs])
+    # Past the start-up (the first ticks may be caught up at once), each fired within a second.
+    steady = [run for run in runs if run.scheduled_for > runs[0].created_at + SECOND]
+    assert len(steady) >= 5
+    late = [(run.created_at - run.scheduled_for).total_seconds() for run in steady]
+    assert max(late) < 1.0, late
+    assert all(seconds >= 0 for seconds in late), late
+
+
+def blocked_tick_backends(conn, dbname):
+    """Backends waiting for a lock while they insert a run (the leader, mid-tick)."""
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock' "
+        "AND query LIKE '%%INSERT INTO \"pgbus_workflows_workflowrun\"%%'",
+        [dbname],
+    ).fetchall()
+    return [pid for (pid,) in rows]
+
+
+def test_two_dispatchers_and_a_sigkill_of_the_leader_mid_tick_fire_no_tick_twice_and_lose_none(dispatchers):
+    every_second()
+    first = dispatchers("--concurrency", "2", settings=SETTINGS)
+    eventually(lambda: leads(first), timeout=60, what="the first dispatcher to lead")
+    second = dispatchers("--concurrency", "2", settings=SETTINGS)
+    eventually(lambda: "Dispatcher" in second.output() and "started" in second.output(), timeout=60)
+    eventually(lambda: len(ticks()) >= 3, timeout=30, what="three ticks")
+    assert not leads(second), "two leaders at once"
+
+    url = database_url()
+    with psycopg.connect(url) as blocker:
+        # Hold the events table: the leader's next tick inserts its run and waits, its transaction open.
+        blocker.execute('LOCK TABLE "pgbus_workflows_workflowevent" IN SHARE MODE')
+        dbname = blocker.info.dbname
+        with psycopg.connect(url, autocommit=True) as observer:
+            eventually(lambda: blocked_tick_backends(observer, dbname), timeout=10, what="the leader mid-tick")
+        before = ticks()
+        first.kill()  # SIGKILL: its lock connection closes, its open tick is never committed
+        eventually(lambda: leads(second), timeout=10, what="the second dispatcher to take the lead")
+        blocker.rollback()
+
+    eventually(lambda: len(ticks()) >= len(before) + 5, timeout=30, what="ticks after the takeover")
+    restarted = dispatchers("--concurrency", "2", settings=SETTINGS)  # back as a standby
+    time.sleep(2)
+    second.send(signal.SIGTERM)
+    assert second.wait() == 0, second.output()
+    eventually(lambda: leads(restarted), timeout=10, what="the restarted dispatcher to lead")
+    count = len(ticks())
+    eventually(lambda: len(ticks()) >= count + 2, timeout=10, what="ticks by the third leader")
+    restarted.send(signal.SIGTERM)
+    assert restarted.wait() == 0, restarted.output()
+
+    fired = ticks()
+    assert_each_tick_once_and_none_lost(fired)
+    assert fired[len(before)] == before[-1] + SECOND  # the tick the killed leader had open fired once, later
+
+
+def test_once_fires_what_is_due_and_no_schedules_fires_nothing(dispatchers):
+    start = datetime.now(UTC) - timedelta(minutes=10)
+    schedule = Ticked.add_schedule(every=timedelta(minutes=1), start_at=start)  # catchup="latest"
+
+    worker = dispatchers("--once", "--no-schedules", settings=SETTINGS)
+    assert worker.wait() == 0, worker.output()
+    assert ticks() == []
+
+    once = dispatchers("--once", settings=SETTINGS)
+    assert once.wait() == 0, once.output()
+    [run] = WorkflowRun.objects.filter(schedule=schedule)
+    assert run.scheduled_for > datetime.now(UTC) - timedelta(minutes=1)  # only the latest missed tick
+    assert run.status == "finished"  # --once fires before it drains: the run's step ran too
+    assert schedule.events.filter(kind="ticks_missed").count() == 1

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from django.db import connection
 
 from .conf import settings
+from .lanes import Batch, Lane, Queued, Work, work_key
 from .models import FanOutJob, WorkflowStep
 from .services.applying import apply_outcomes
 from .services.body import Chain
@@ -35,39 +36,8 @@ logger = logging.getLogger("pgbus_workflows")
 #: The longest a worker keeps quick steps' outcomes before committing them together, and
 #: how long a body may run before idle workers take the work queued behind it.
 BATCH_WINDOW = 0.02
-
-Work = WorkflowStep | FanOutJob
 #: How many workers run quick bodies while the others sleep (see ``WorkerPool._leave_to_awake``).
 AWAKE_FOR_QUICK = 2
-
-#: Claimed work and whether to re-check it before its body runs (a claim by the loop may be
-#: cancelled before it starts; a step claimed by the transaction that just ended cannot).
-Queued = tuple[Work, bool]
-
-
-def work_key(work: Work) -> tuple[str, int]:
-    """``("step" | "job", pk)``: how the pool tracks a claim."""
-    return ("job", work.pk) if isinstance(work, FanOutJob) else ("step", work.pk)
-
-
-class _Lane:
-    """One worker's own queue (the steps its transactions claimed), what it runs and has not written."""
-
-    def __init__(self, number: int, lock: threading.RLock) -> None:
-        self.number = number
-        #: What its worker waits on when idle (on the pool's lock): the pool wakes one worker, not all.
-        self.wakeup = threading.Condition(lock)
-        self.queue: deque[Queued] = deque()
-        #: ``time.monotonic()`` when its current body started; None between bodies.
-        self.body_since: float | None = None
-        #: The claim taken from the queues and neither in ``batch`` nor released yet.
-        self.current: Work | None = None
-        #: Outcomes and job ends run and not yet written (kept here so a dead thread's are not lost).
-        self.batch = _Batch()
-        #: Whether its worker waits for work.
-        self.idle = False
-        #: ``time.monotonic()`` when its worker last came for work (not when a wait merely timed out).
-        self.came_at = 0.0
 
 
 class WorkerPool:
@@ -94,9 +64,9 @@ class WorkerPool:
         #: ``time.monotonic()`` since when the shared queue's oldest work has waited (about).
         self._shared_since = 0.0
         self._cond = threading.RLock()
-        self._lanes = [_Lane(n, self._cond) for n in range(size)]
+        self._lanes = [Lane(n, self._cond) for n in range(size)]
         #: Idle workers' lanes: the one that worked last is woken first (the warmest).
-        self._idle: set[_Lane] = set()
+        self._idle: set[Lane] = set()
         # work_key of every claim held: queued, running, or its outcome not yet written.
         self._held: set[tuple[str, int]] = set()
         # How long bodies take (a moving average): sizes the claims so batches stay short.
@@ -105,7 +75,7 @@ class WorkerPool:
         #: Worker threads that died and were replaced (each logged).
         self.replaced = 0
 
-    def _thread(self, lane: _Lane) -> threading.Thread:
+    def _thread(self, lane: Lane) -> threading.Thread:
         return threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{lane.number}", daemon=True)
 
     def start(self) -> None:
@@ -147,7 +117,7 @@ class WorkerPool:
             # Claim a batch's worth or nothing while work is held: fewer, fuller claims.
             return free if free >= per_worker or not self._held else 0
 
-    def hand_out(self, works: Sequence[Work], *, verify: bool, lane: _Lane | None = None) -> None:
+    def hand_out(self, works: Sequence[Work], *, verify: bool, lane: Lane | None = None) -> None:
         """Queue claimed work: on ``lane`` (a worker's own) or for any worker."""
         if not works:
             return
@@ -182,7 +152,7 @@ class WorkerPool:
                 self._wake_all()  # idle workers waiting for the last claims may exit
         self._on_free()
 
-    def _take(self, lane: _Lane, wait: bool) -> Queued | None:
+    def _take(self, lane: Lane, wait: bool) -> Queued | None:
         """Work for ``lane``'s worker: its own, then shared, then what waits behind a slow body.
 
         None when there is none and ``wait`` is false, or when stopping and nothing is held.
@@ -212,7 +182,7 @@ class WorkerPool:
                         self._idle.discard(lane)  # woken by a timeout or by all: not taken by a hand-out
             self._check(chunk, lane)
 
-    def _leave_to_awake(self, lane: _Lane) -> float | None:
+    def _leave_to_awake(self, lane: Lane) -> float | None:
         """How long a worker just woken leaves the shared work to those already awake; None: it takes it.
 
         While bodies are quick, ``AWAKE_FOR_QUICK`` awake workers run everything: each one's
@@ -235,7 +205,7 @@ class WorkerPool:
         self._shared_since = time.monotonic()  # what is left has waited from now on, near enough
         return chunk
 
-    def _check(self, chunk: list[Queued], lane: _Lane) -> None:
+    def _check(self, chunk: list[Queued], lane: Lane) -> None:
         """Re-check claims (one query for the chunk); queue those still in progress on ``lane``."""
         steps = [work.pk for work, verify in chunk if verify and isinstance(work, WorkflowStep)]
         try:
@@ -268,7 +238,7 @@ class WorkerPool:
                 patience = min(patience, ripe + 0.001)
         return None, patience
 
-    def _serve(self, lane: _Lane) -> None:
+    def _serve(self, lane: Lane) -> None:
         """One worker thread; should it die anyway, its work is recovered and a new thread takes the lane."""
         chain = Chain(self.name, self.queues, stop=self._stopping)
         try:
@@ -279,7 +249,7 @@ class WorkerPool:
         finally:
             connection.close()
 
-    def _work(self, lane: _Lane, chain: Chain) -> None:
+    def _work(self, lane: Lane, chain: Chain) -> None:
         """Run work; write quick steps' outcomes and jobs' ends in batches."""
         while True:
             taken = self._take(lane, wait=not lane.batch)
@@ -298,11 +268,11 @@ class WorkerPool:
             if len(lane.batch) >= self.batch_size or lane.batch.age() >= BATCH_WINDOW:
                 self._write_batch(lane, chain)
 
-    def _write_batch(self, lane: _Lane, chain: Chain) -> None:
-        batch, lane.batch = lane.batch, _Batch()
+    def _write_batch(self, lane: Lane, chain: Chain) -> None:
+        batch, lane.batch = lane.batch, Batch()
         self._write(batch, chain, lane)
 
-    def _recover(self, lane: _Lane, chain: Chain) -> None:
+    def _recover(self, lane: Lane, chain: Chain) -> None:
         """After a worker thread died: write what it ran, give up what it held, start another.
 
         Outcomes it ran are written (their bodies do not run again); the claim it was inside
@@ -328,7 +298,7 @@ class WorkerPool:
             thread = self._threads[lane.number] = self._thread(lane)
             thread.start()
 
-    def _enter_body(self, lane: _Lane) -> float:
+    def _enter_body(self, lane: Lane) -> float:
         """Mark ``lane``'s worker as inside a body; idle workers then time when to take its queue."""
         lane.body_since = time.monotonic()
         if lane.queue:
@@ -336,13 +306,13 @@ class WorkerPool:
                 self._wake_all()
         return lane.body_since
 
-    def _leave_body(self, lane: _Lane, began: float) -> None:
+    def _leave_body(self, lane: Lane, began: float) -> None:
         """The body is over: its duration goes into the moving average that sizes the claims."""
         lane.body_since = None
         self._body_seconds = 0.8 * self._body_seconds + 0.2 * (time.monotonic() - began)
 
     def _perform(
-        self, step: WorkflowStep, chain: Chain, verify: bool, lane: _Lane
+        self, step: WorkflowStep, chain: Chain, verify: bool, lane: Lane
     ) -> tuple[WorkflowStep, StepOutcome] | None:
         """Run one body; the outcome still to apply, or None when it is dealt with already."""
         began = self._enter_body(lane)
@@ -360,7 +330,7 @@ class WorkerPool:
         self._release([step])
         return None
 
-    def _write(self, batch: _Batch, chain: Chain, lane: _Lane) -> None:
+    def _write(self, batch: Batch, chain: Chain, lane: Lane) -> None:
         """Write the batch (one transaction for the steps, one for the jobs); what their
         transactions claimed for this worker goes to ``lane``."""
         for works, write in (
@@ -384,47 +354,10 @@ class WorkerPool:
         self._release(works)
         self._on_lost()
 
-    def _run_job(self, job: FanOutJob, lane: _Lane) -> JobEnd:
+    def _run_job(self, job: FanOutJob, lane: Lane) -> JobEnd:
         """Call a claimed job's function (its end is written with the batch)."""
         began = self._enter_body(lane)
         try:
             return run_job(job)
         finally:
             self._leave_body(lane, began)
-
-
-class _Batch:
-    """What a worker ran and has not written yet: steps' outcomes and jobs' ends."""
-
-    def __init__(self) -> None:
-        self.performed: list[tuple[WorkflowStep, StepOutcome]] = []
-        self.ends: list[JobEnd] = []
-        self._opened = 0.0
-
-    @property
-    def steps(self) -> list[WorkflowStep]:
-        return [step for step, _ in self.performed]
-
-    @property
-    def jobs(self) -> list[FanOutJob]:
-        return [end.job for end in self.ends]
-
-    def add_step(self, performed: tuple[WorkflowStep, StepOutcome] | None) -> None:
-        if performed is not None:
-            self._open()
-            self.performed.append(performed)
-
-    def add_job(self, end: JobEnd) -> None:
-        self._open()
-        self.ends.append(end)
-
-    def _open(self) -> None:
-        if not self:
-            self._opened = time.monotonic()
-
-    def age(self) -> float:
-        """Seconds since the first end still unwritten (0 when empty)."""
-        return time.monotonic() - self._opened if self else 0.0
-
-    def __len__(self) -> int:
-        return len(self.performed) + len(self.ends)

@@ -16,8 +16,9 @@ from django.core.exceptions import ValidationError
 from .definitions import OnException, StepDefinition, ordered_steps, with_name
 from .exceptions import ConfigurationError, StepNotDefined
 from .registry import registry
+from .run_verbs import RunVerbs
 from .schedules import Schedule
-from .step_body import FlowControl, StepBody, StepContext
+from .step_body import StepContext
 from .validation import validate_class
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class WorkflowMeta(type):
         return cls
 
 
-class Workflow(StepBody, metaclass=WorkflowMeta):
+class Workflow(RunVerbs, metaclass=WorkflowMeta):
     """Subclass it, declare ``@step`` methods, call ``start()``. See the README."""
 
     #: Stable name stored in rows; defaults to "module.QualName".
@@ -347,12 +348,6 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
         """Signals delivered to the run, oldest first."""
         return self.record.signals.order_by("id")
 
-    def reload(self) -> Workflow:
-        """Re-read the run's row; returns self."""
-        self.record.refresh_from_db()
-        self._outputs = None
-        return self
-
     @property
     def subject(self) -> Any:
         """The model instance the run is about (None when it had none or it was deleted)."""
@@ -376,79 +371,6 @@ class Workflow(StepBody, metaclass=WorkflowMeta):
             rows = WorkflowStep.objects.filter(run_id=self.record.pk, outcome="success").order_by("id")
             self._outputs = dict(rows.values_list("step_name", "output"))
         return self._outputs
-
-    # operator verbs: each takes actor= and reason= and writes an event
-
-    def pause(self, reason: str | None = None, *, actor: str | None = None) -> Any:
-        """Pause the run (in a step body: end the body and pause the run)."""
-        if self._context is not None:
-            raise FlowControl("pause", reason=reason)
-        from .services import operator  # deferred: this module loads before the app registry
-
-        return self._after(operator.pause(self.record.pk, actor=actor, reason=reason))
-
-    def cancel(self, reason: str | None = None, *, actor: str | None = None) -> Any:
-        """Cancel the run (in a step body: end the body and cancel the run)."""
-        if self._context is not None:
-            raise FlowControl("cancel", reason=reason)
-        from .services import operator  # deferred: this module loads before the app registry
-
-        return self._after(operator.cancel(self.record.pk, actor=actor, reason=reason))
-
-    def skip(self, reason: str | None = None, *, actor: str | None = None) -> Any:
-        """Skip the current step (in a step body: end the body, skip this step)."""
-        if self._context is not None:
-            raise FlowControl("skip", reason=reason)
-        from .services import operator  # deferred: this module loads before the app registry
-
-        return self._after(operator.skip(self.record.pk, actor=actor, reason=reason))
-
-    def resume(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
-        """Resume a paused run where it stopped."""
-        from .services import operator  # deferred: this module loads before the app registry
-
-        return self._after(operator.resume(self.record.pk, actor=actor, reason=reason))
-
-    def resume_at(self, step_name: str, *, actor: str | None = None, reason: str | None = None) -> Workflow:
-        """Resume a paused run at ``step_name`` (run now)."""
-        from .services import operator  # deferred: this module loads before the app registry
-
-        return self._after(operator.resume_at(self.record.pk, step_name, actor=actor, reason=reason))
-
-    def run_now(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
-        """Make the run's scheduled step due now, whatever its ``wait``."""
-        from .services import operator  # deferred: this module loads before the app registry
-
-        return self._after(operator.run_now(self.record.pk, actor=actor, reason=reason))
-
-    def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
-        """Start a new run of a finished or cancelled run's class, subject and arguments."""
-        from .services import operator  # deferred: this module loads before the app registry
-
-        new_record = operator.rerun(self.record.pk, actor=actor, reason=reason)
-        klass = registry.get(new_record.workflow_class) or Workflow
-        return klass(new_record)
-
-    def signal(
-        self,
-        name: str,
-        payload: Any = None,
-        idempotency_key: str | None = None,
-        *,
-        actor: str | None = None,
-        reason: str | None = None,
-    ) -> WorkflowSignal:
-        """Deliver a signal to this run; returns the ``WorkflowSignal`` (``.duplicate_delivery``)."""
-        from .services.signals import deliver_signal  # deferred: this module loads before the app registry
-
-        signal = deliver_signal(self.record.pk, name, payload, idempotency_key, actor=actor, reason=reason)
-        self.reload()
-        return signal
-
-    def _after(self, record: WorkflowRun) -> Workflow:
-        self.record = record
-        self._outputs = None
-        return self
 
     def fan_out_results(self, step_name: str) -> Iterator[Any]:
         """The job results of this run's latest fan-out ``step_name``, in job order (an iterator)."""

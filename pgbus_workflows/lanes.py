@@ -1,0 +1,81 @@
+"""What each of a dispatcher's worker threads holds: its lane (own queue, state) and its unwritten batch.
+
+The pool (``workers.py``) decides who runs what; these are the records it keeps per worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from .models import FanOutJob, WorkflowStep
+from .services.fanout import JobEnd
+from .services.outcome import StepOutcome
+
+Work = WorkflowStep | FanOutJob
+#: Claimed work and whether to re-check it before its body runs (a claim by the loop may be
+#: cancelled before it starts; a step claimed by the transaction that just ended cannot).
+Queued = tuple[Work, bool]
+
+
+def work_key(work: Work) -> tuple[str, int]:
+    """``("step" | "job", pk)``: how the pool tracks a claim."""
+    return ("job", work.pk) if isinstance(work, FanOutJob) else ("step", work.pk)
+
+
+class Lane:
+    """One worker's own queue (the steps its transactions claimed), what it runs and has not written."""
+
+    def __init__(self, number: int, lock: threading.RLock) -> None:
+        self.number = number
+        #: What its worker waits on when idle (on the pool's lock): the pool wakes one worker, not all.
+        self.wakeup = threading.Condition(lock)
+        self.queue: deque[Queued] = deque()
+        #: ``time.monotonic()`` when its current body started; None between bodies.
+        self.body_since: float | None = None
+        #: The claim taken from the queues and neither in ``batch`` nor released yet.
+        self.current: Work | None = None
+        #: Outcomes and job ends run and not yet written (kept here so a dead thread's are not lost).
+        self.batch = Batch()
+        #: Whether its worker waits for work.
+        self.idle = False
+        #: ``time.monotonic()`` when its worker last came for work (not when a wait merely timed out).
+        self.came_at = 0.0
+
+
+class Batch:
+    """What a worker ran and has not written yet: steps' outcomes and jobs' ends."""
+
+    def __init__(self) -> None:
+        self.performed: list[tuple[WorkflowStep, StepOutcome]] = []
+        self.ends: list[JobEnd] = []
+        self._opened = 0.0
+
+    @property
+    def steps(self) -> list[WorkflowStep]:
+        return [step for step, _ in self.performed]
+
+    @property
+    def jobs(self) -> list[FanOutJob]:
+        return [end.job for end in self.ends]
+
+    def add_step(self, performed: tuple[WorkflowStep, StepOutcome] | None) -> None:
+        if performed is not None:
+            self._open()
+            self.performed.append(performed)
+
+    def add_job(self, end: JobEnd) -> None:
+        self._open()
+        self.ends.append(end)
+
+    def _open(self) -> None:
+        if not self:
+            self._opened = time.monotonic()
+
+    def age(self) -> float:
+        """Seconds since the first end still unwritten (0 when empty)."""
+        return time.monotonic() - self._opened if self else 0.0
+
+    def __len__(self) -> int:
+        return len(self.performed) + len(self.ends)

@@ -172,8 +172,12 @@ class WriteBatch:
         else:
             self._changes[key] = (instance, set(names))
 
-    def send(self, channel: str) -> None:
-        """Run every deferred write (inside the caller's transaction)."""
+    def send(self, channel: str, *, commit: bool = False) -> None:
+        """Run every deferred write (inside the caller's transaction).
+
+        ``commit``: the transaction is the caller's own ``atomic`` block, outermost, with
+        nothing after the writes: its COMMIT goes in their round trip (PostgreSQL).
+        """
         head = update_statements([(obj, frozenset(names)) for obj, names in self._changes.values()])
         if not sql.postgresql():
             sql.run_batch(head)
@@ -197,6 +201,8 @@ class WriteBatch:
             notify = sql.statement("notify")
             for queue in sorted(self.notify):
                 cursor.execute(notify, [channel, queue])
+            if commit:
+                cursor.execute(sql.statement("commit"))
 
 
 def link(instances: Sequence[Model]) -> Sequence[Model]:

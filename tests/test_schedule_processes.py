@@ -85,10 +85,10 @@ def test_two_dispatchers_and_a_sigkill_of_the_leader_mid_tick_fire_no_tick_twice
         blocker.execute('LOCK TABLE "pgbus_workflows_workflowevent" IN SHARE MODE')
         dbname = blocker.info.dbname
         with psycopg.connect(url, autocommit=True) as observer:
-            eventually(lambda: blocked_tick_backends(observer, dbname), timeout=10, what="the leader mid-tick")
+            eventually(lambda: blocked_tick_backends(observer, dbname), timeout=30, what="the leader mid-tick")
         before = ticks()
         first.kill()  # SIGKILL: its lock connection closes, its open tick is never committed
-        eventually(lambda: leads(second), timeout=10, what="the second dispatcher to take the lead")
+        eventually(lambda: leads(second), timeout=30, what="the second dispatcher to take the lead")
         blocker.rollback()
 
     eventually(lambda: len(ticks()) >= len(before) + 5, timeout=30, what="ticks after the takeover")
@@ -96,9 +96,9 @@ def test_two_dispatchers_and_a_sigkill_of_the_leader_mid_tick_fire_no_tick_twice
     time.sleep(2)
     second.send(signal.SIGTERM)
     assert second.wait() == 0, second.output()
-    eventually(lambda: leads(restarted), timeout=10, what="the restarted dispatcher to lead")
+    eventually(lambda: leads(restarted), timeout=30, what="the restarted dispatcher to lead")
     count = len(ticks())
-    eventually(lambda: len(ticks()) >= count + 2, timeout=10, what="ticks by the third leader")
+    eventually(lambda: len(ticks()) >= count + 2, timeout=30, what="ticks by the third leader")
     restarted.send(signal.SIGTERM)
     assert restarted.wait() == 0, restarted.output()
 

@@ -8,6 +8,7 @@ And no statement is written anywhere else in the app (an AST scan of its source)
 import ast
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.apps import apps
 from django.db import connection, transaction
@@ -207,3 +208,28 @@ def test_a_claim_inside_the_callers_transaction_leaves_its_commit_alone():
             cursor.execute("SHOW synchronous_commit")
             assert cursor.fetchone()[0] == "on"
     execute_step(claimed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_of_its_own_sends_its_commit_with_its_writes_and_a_callers_claim_does_not():
+    wf = Counted.start()
+    seen = []
+
+    def record(execute, text, params, many, context):
+        seen.append(text)
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(record):
+        (claimed,) = claim_due_steps(10)
+    assert seen[-1] == "COMMIT" and seen.count("COMMIT") == 1  # after the writes, in their round trip
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert WorkflowStep.objects.get(pk=claimed.pk).status == "in_progress"  # committed, not left open
+    execute_step(claimed)
+
+    seen.clear()
+    step = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
+    with connection.execute_wrapper(record), pytest.raises(RuntimeError), transaction.atomic():
+        assert [s.pk for s in claim_due_steps(10)] == [step.pk]
+        raise RuntimeError("the caller's transaction rolls back")
+    assert "COMMIT" not in seen
+    assert WorkflowStep.objects.get(pk=step.pk).status == "scheduled"  # the claim went with it

@@ -80,7 +80,7 @@ def _claim_due(
         runnable = [(run, step) for run, step in due if can_run_step(*_names(run, step))]
         if not sql.postgresql():
             return _claim([(step.pk, run.pk) for run, step in runnable], now, claimed_by), ahead
-        return _claim_locked(runnable, now, claimed_by), ahead
+        return _claim_locked(runnable, now, claimed_by, commit=own_transaction), ahead
 
 
 def _names(run: WorkflowRun, step: WorkflowStep) -> tuple[str, str]:
@@ -184,14 +184,20 @@ def _claim(pairs: list[tuple[int, int]], now: Any, claimed_by: str) -> list[Work
     return claimed
 
 
-def _claim_locked(due: list[tuple[WorkflowRun, WorkflowStep]], now: Any, claimed_by: str) -> list[WorkflowStep]:
-    """Claim attempts whose rows this transaction has locked: every write in one round trip."""
+def _claim_locked(
+    due: list[tuple[WorkflowRun, WorkflowStep]], now: Any, claimed_by: str, *, commit: bool
+) -> list[WorkflowStep]:
+    """Claim attempts whose rows this transaction has locked: every write in one round trip.
+
+    ``commit``: the claim is a transaction of its own, and its COMMIT goes in that round trip too.
+    """
     writes = WriteBatch()
     for run, step in due:
         ledger = RunLedger(run, now, writes=writes)
         _claim_in_ledger(ledger, step, claimed_by)
         ledger.flush()
-    writes.send(settings.NOTIFY_CHANNEL)
+    if due:
+        writes.send(settings.NOTIFY_CHANNEL, commit=commit)
     return [step for _, step in due]
 
 

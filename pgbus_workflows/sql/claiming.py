@@ -86,6 +86,16 @@ def commit_without_flush(conn: Any) -> str:
     return "SELECT set_config('synchronous_commit', 'off', true)"
 
 
+@builds("commit")
+def commit(conn: Any) -> str:
+    """End the claim's own transaction in its write pipeline (PostgreSQL): one round trip less.
+
+    Django's commit at the end of the ``atomic`` block then finds no transaction open and
+    sends nothing (psycopg's ``commit()`` on an idle connection is a no-op).
+    """
+    return "COMMIT"
+
+
 @builds("look_ahead")
 def look_ahead(conn: Any, queues: bool) -> str:
     """When the loop must next look (PostgreSQL): the earliest future step or job, and whether a job is due now.

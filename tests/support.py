@@ -7,10 +7,13 @@ and reads the rows afresh.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
+from django.db import connection
 from django.urls import reverse
 
 from pgbus_workflows import Workflow
@@ -18,6 +21,22 @@ from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, W
 from pgbus_workflows.services.claims import claim_step
 from pgbus_workflows.services.executor import execute_step
 from tests.testapp.models import SideEffect
+
+# -- statements ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def statements_sent() -> Iterator[list[str]]:
+    """The texts of every execute Django's cursors make in the block, pipelined ones too, in order."""
+    seen: list[str] = []
+
+    def record(execute: Any, text: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(text)
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield seen
+
 
 # -- side effects --------------------------------------------------------------------------------
 

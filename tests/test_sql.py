@@ -20,6 +20,7 @@ from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
 from pgbus_workflows.sql.statements import BUILDERS
+from tests.support import statements_sent
 from tests.testapp.workflows import Counted, Squares
 
 pytestmark = pytest.mark.django_db
@@ -34,13 +35,7 @@ OWN_SQL = {
 
 def test_an_execute_wrapper_sees_every_statement_of_a_claim_and_an_outcome_pipelined_ones_too():
     Counted.start()
-    seen = []
-
-    def recorder(execute, text, params, many, context):
-        seen.append(text)
-        return execute(text, params, many, context)
-
-    with connection.execute_wrapper(recorder):
+    with statements_sent() as seen:
         (claimed,) = claim_due_steps(10)
         execute_step(claimed)
 
@@ -185,13 +180,7 @@ def test_rows_written_with_shared_values_read_back_as_written():
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_commits_without_waiting_for_the_disk_and_nothing_after_it_does():
     Counted.start()
-    seen = []
-
-    def record(execute, text, params, many, context):
-        seen.append(text)
-        return execute(text, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with statements_sent() as seen:
         (claimed,) = claim_due_steps(10)
     assert seen[0] == sql.statement("commit_without_flush")  # with the claim's BEGIN, in its first round trip
     with connection.cursor() as cursor:
@@ -213,22 +202,15 @@ def test_a_claim_inside_the_callers_transaction_leaves_its_commit_alone():
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_of_its_own_sends_its_commit_with_its_writes_and_a_callers_claim_does_not():
     wf = Counted.start()
-    seen = []
-
-    def record(execute, text, params, many, context):
-        seen.append(text)
-        return execute(text, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with statements_sent() as seen:
         (claimed,) = claim_due_steps(10)
     assert seen[-1] == "COMMIT" and seen.count("COMMIT") == 1  # after the writes, in their round trip
     assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert WorkflowStep.objects.get(pk=claimed.pk).status == "in_progress"  # committed, not left open
     execute_step(claimed)
 
-    seen.clear()
     step = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
-    with connection.execute_wrapper(record), pytest.raises(RuntimeError), transaction.atomic():
+    with statements_sent() as seen, pytest.raises(RuntimeError), transaction.atomic():
         assert [s.pk for s in claim_due_steps(10)] == [step.pk]
         raise RuntimeError("the caller's transaction rolls back")
     assert "COMMIT" not in seen

@@ -63,8 +63,9 @@ class WorkerPool:
         self._shared: deque[Queued] = deque()
         #: ``time.monotonic()`` since when the shared queue's oldest work has waited (about).
         self._shared_since = 0.0
-        self._cond = threading.RLock()
-        self._lanes = [Lane(n, self._cond) for n in range(size)]
+        #: Guards the queues, the lanes and the held set; each lane's wake-up condition is on it.
+        self._lock = threading.RLock()
+        self._lanes = [Lane(n, self._lock) for n in range(size)]
         #: Idle workers' lanes: the one that worked last is woken first (the warmest).
         self._idle: set[Lane] = set()
         # work_key of every claim held: queued, running, or its outcome not yet written.
@@ -92,7 +93,7 @@ class WorkerPool:
 
         Call after ``stopping`` is set. Returns True when some are still running.
         """
-        with self._cond:
+        with self._lock:
             self._wake_all()
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
@@ -100,7 +101,7 @@ class WorkerPool:
 
     def held(self) -> set[tuple[str, int]]:
         """The claims this pool holds (queued, running, or not yet written)."""
-        with self._cond:
+        with self._lock:
             return set(self._held)
 
     def free_slots(self) -> int:
@@ -112,7 +113,7 @@ class WorkerPool:
         """
         quick = int(BATCH_WINDOW / self._body_seconds) if self._body_seconds else 1
         per_worker = max(1, min(self.batch_size, quick))
-        with self._cond:
+        with self._lock:
             free = self.size * per_worker - len(self._held)
             # Claim a batch's worth or nothing while work is held: fewer, fuller claims.
             return free if free >= per_worker or not self._held else 0
@@ -121,7 +122,7 @@ class WorkerPool:
         """Queue claimed work: on ``lane`` (a worker's own) or for any worker."""
         if not works:
             return
-        with self._cond:
+        with self._lock:
             self._held.update(work_key(work) for work in works)
             if lane is not None:
                 lane.queue.extend((work, verify) for work in works)
@@ -146,7 +147,7 @@ class WorkerPool:
             lane.wakeup.notify()
 
     def _release(self, works: Sequence[Work]) -> None:
-        with self._cond:
+        with self._lock:
             self._held.difference_update(work_key(work) for work in works)
             if self._stopping.is_set():
                 self._wake_all()  # idle workers waiting for the last claims may exit
@@ -160,7 +161,7 @@ class WorkerPool:
         woken = False
         lane.came_at = time.monotonic()
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     if lane.queue:
                         return lane.queue.popleft()
@@ -215,7 +216,7 @@ class WorkerPool:
             self._lost([work for work, _ in chunk])
             return
         gone = [work for work, verify in chunk if verify and isinstance(work, WorkflowStep) and work.pk not in alive]
-        with self._cond:
+        with self._lock:
             lane.queue.extend(
                 (work, verify and isinstance(work, FanOutJob)) for work, verify in chunk if work not in gone
             )
@@ -287,7 +288,7 @@ class WorkerPool:
                 logger.exception("Could not write the outcomes of worker thread %s", lane.number)
         if current is not None and work_key(current) in self.held():
             self._lost([current])
-        with self._cond:
+        with self._lock:
             if not self._shared:
                 self._shared_since = time.monotonic()
             self._shared.extend(lane.queue)
@@ -302,7 +303,7 @@ class WorkerPool:
         """Mark ``lane``'s worker as inside a body; idle workers then time when to take its queue."""
         lane.body_since = time.monotonic()
         if lane.queue:
-            with self._cond:
+            with self._lock:
                 self._wake_all()
         return lane.body_since
 

@@ -71,10 +71,14 @@ def test_a_pending_job_due_now_is_seen_and_one_due_later_sets_the_next_look():
 
 def test_claims_only_look_at_the_queues_they_serve():
     NoOp3.start()
+    later = NoOp3.start()
+    at = timezone.now() + timedelta(seconds=30)
+    WorkflowStep.objects.filter(run_id=later.record.pk).update(scheduled_at=at)
+
     steps, ahead = claim_and_look_ahead(4, queues=["elsewhere"], claimed_by="d")
-    assert steps == [] and ahead.next_due_at is None
-    steps, _ = claim_and_look_ahead(4, queues=["workflows"], claimed_by="d")
-    assert len(steps) == 1
+    assert steps == [] and ahead.next_due_at is None  # neither the due step nor the later one
+    steps, ahead = claim_and_look_ahead(4, queues=["workflows"], claimed_by="d")
+    assert len(steps) == 1 and ahead.next_due_at == at
 
 
 @pytest.fixture(params=["unprepared", "prepared"])

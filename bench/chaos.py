@@ -6,7 +6,7 @@
 It starts K dispatcher processes, starts N runs of ``ChaosWorkflow`` (tests/testapp/chaos_workflows.py:
 an atomic step that inserts a row, a step that records its ``step_idempotency_key``, a flaky
 step reattempted by a policy, a step waiting for a signal that this process delivers, a
-fan-out of three jobs), and every ``--kill-every`` seconds SIGKILLs a random dispatcher and
+fan-out of three jobs, a fan-out of two child runs), and every ``--kill-every`` seconds SIGKILLs a random dispatcher and
 starts a new one. At the end it checks every promise and prints a summary; the exit status
 is non-zero on any violation.
 
@@ -342,14 +342,22 @@ def check(report: ChaosReport) -> None:
         jobs = {key for key, _ in records["job"].get(wid, [])}
         if jobs != {f"{wid}:{i}" for i in range(3)}:
             v.append(f"run {wid}: fan-out jobs that ran: {sorted(jobs)}")
+        ran = {key for key, _ in records["child"].get(wid, [])}
+        if ran != {f"{wid}:{i}" for i in range(2)}:
+            v.append(f"run {wid}: children that ran: {sorted(ran)}")
         by_attempt: dict[str, set[int]] = defaultdict(set)
         for key, pid in records["execution"].get(wid, []):
             by_attempt[key].add(pid)
         for key, pids in by_attempt.items():
             if len(pids) > 1:
                 v.append(f"run {wid}: attempt {key} ran in processes {sorted(pids)}")
+    children = Counter(
+        WorkflowRun.objects.filter(workflow_class="chaos_child", status="finished").values_list("parent_id", flat=True)
+    )
     for run_pk in runs.values():
         _check_path(run_pk, RUN_TRANSITIONS, WorkflowEvent, v)
+        if children.get(run_pk, 0) != 2:
+            v.append(f"run pk {run_pk}: {children.get(run_pk, 0)} finished children, not 2 (none twice, none lost)")
     consumed = Counter(WorkflowSignal.objects.filter(run_id__in=runs.values()).values_list("run_id", flat=True))
     for run_pk in runs.values():
         if consumed.get(run_pk, 0) != 1:

@@ -10,6 +10,8 @@ from importlib.metadata import PackageNotFoundError, version
 from .definitions import OnException, fan_out, removed_step, step
 from .exceptions import (
     AlreadyRunning,
+    ChildConflict,
+    ChildDepthExceeded,
     ConfigurationError,
     FanOutFailed,
     IdempotencyConflict,
@@ -25,9 +27,10 @@ from .exceptions import (
     StepWaiting,
     UnknownSignal,
     WaitTimedOut,
+    WorkflowCancelled,
     WorkflowError,
 )
-from .jobs import Job
+from .jobs import Child, Job
 from .schedules import Schedule
 from .workflow import Workflow
 
@@ -38,6 +41,9 @@ except PackageNotFoundError:  # running from a checkout that is not installed
 
 __all__ = [
     "AlreadyRunning",
+    "Child",
+    "ChildConflict",
+    "ChildDepthExceeded",
     "ConfigurationError",
     "FanOutFailed",
     "IdempotencyConflict",
@@ -57,6 +63,7 @@ __all__ = [
     "UnknownSignal",
     "WaitTimedOut",
     "Workflow",
+    "WorkflowCancelled",
     "WorkflowError",
     "__version__",
     "fan_out",

@@ -14,6 +14,7 @@ class SimplePgbusWorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, deploy_checks  # noqa: F401 - registers the system checks
+        from .services import fanout  # noqa: F401 - resolves a parent's fan-out when a child run ends
 
 
 class PgbusWorkflowsConfig(SimplePgbusWorkflowsConfig):

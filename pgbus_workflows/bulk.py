@@ -161,6 +161,12 @@ class WriteBatch:
         self.inserts: list[Model] = []
         self.rows: list[Model] = []
         self.notify: set[str] = set()
+        #: Workflow ids of awaited runs that ended: NOTIFY on ``{channel}_ended``.
+        self.ended: set[str] = set()
+        #: ``(step pk, run pk)`` of fan-outs to resolve once the transaction commits (a child ended).
+        self.settle: set[tuple[int, int]] = set()
+        #: Pks of fan-out jobs whose child ended: their fan-outs too (looked up after commit).
+        self.settle_jobs: set[int] = set()
 
     def update(self, instance: Model, names: Sequence[str]) -> None:
         """Defer an ``UPDATE``; a row still to be inserted is written with its new values anyway."""
@@ -201,6 +207,8 @@ class WriteBatch:
             notify = sql.statement("notify")
             for queue in sorted(self.notify):
                 cursor.execute(notify, [channel, queue])
+            for workflow_id in sorted(self.ended):
+                cursor.execute(notify, [f"{channel}_ended", workflow_id])
             if commit:
                 cursor.execute(sql.statement("commit"))
 

@@ -15,7 +15,7 @@ from . import clock
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration, settings
 from .models import Dispatcher
 
-_POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE")
+_POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE", "MAX_CHILD_DEPTH")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
 #: PostgreSQL truncates identifiers (a LISTEN channel) to 63 bytes; queue names are varchar(255).
 _MAX_BYTES = {"DEFAULT_QUEUE": 255, "NOTIFY_CHANNEL": 63}

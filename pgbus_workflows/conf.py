@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_STALLS": 5,
     "UNKNOWN_STEP_GRACE": 600,
     "PREPARED_STATEMENTS": True,
+    "MAX_CHILD_DEPTH": 10,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` or ``0`` (keep forever).
@@ -77,6 +78,7 @@ class WorkflowSettings:
     MAX_STALLS: int | None
     UNKNOWN_STEP_GRACE: timedelta
     PREPARED_STATEMENTS: bool
+    MAX_CHILD_DEPTH: int
 
     def user_values(self) -> dict[str, Any]:
         """The raw dict the project set (empty when it set none)."""

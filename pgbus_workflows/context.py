@@ -33,3 +33,7 @@ class StepContext:
     timed_out: bool = False
     #: The body runs inside the outcome's transaction (``atomic=True``), holding the run's lock.
     atomic: bool = False
+    #: A fan-out body: ``output()`` keeps its value beside the items the body returns.
+    fan_out: bool = False
+    #: What a fan-out body passed to ``output()``.
+    kept_output: Any = None

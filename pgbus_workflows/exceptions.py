@@ -79,6 +79,22 @@ class FanOutFailed(WorkflowError):
     """Recorded on a fan-out step some of whose jobs failed."""
 
 
+class ChildConflict(WorkflowError):
+    """A ``Child`` cannot be started: its key belongs to a run that is not a child of this step."""
+
+
+class ChildDepthExceeded(WorkflowError):
+    """A fan-out would start children deeper than ``MAX_CHILD_DEPTH`` (runaway recursion)."""
+
+
+class WorkflowCancelled(WorkflowError):
+    """``result()`` of a run that was cancelled (``workflow`` is its handle)."""
+
+    def __init__(self, message: str, workflow: Any = None) -> None:
+        super().__init__(message)
+        self.workflow = workflow
+
+
 class WaitTimedOut(WorkflowError):
     """Recorded on a waiting step whose ``wait_timeout`` passed with ``on_timeout="pause"``."""
 

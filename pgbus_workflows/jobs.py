@@ -1,8 +1,9 @@
-"""Fan-out jobs: what a job is, and which functions may run as one.
+"""The members of a fan-out: jobs (functions) and children (workflow runs).
 
 A job is stored by the dotted path of its function; the path is checked when the job is
 made and again when it runs, so no path read from the database can run anything but a
-module-level function of an installed app.
+module-level function of an installed app. A child is a run of another workflow class,
+started in the transaction that parks the fan-out step.
 """
 
 from __future__ import annotations
@@ -36,6 +37,46 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({self.path}, *{self.args!r}, **{self.kwargs!r})"
+
+
+#: What a parent's end (cancelled, or its fan-out step abandoned) does to an ongoing child.
+PARENT_CLOSE_POLICIES = ("cancel", "abandon")
+
+
+class Child:
+    """One child run of a fan-out: ``Child(Shipment, parcel, carrier="dhl")``.
+
+    ``workflow_class`` is a registered ``Workflow`` subclass; ``subject`` and the keyword
+    ``arguments`` are what its ``start()`` takes. The child is started at most once per
+    parent step and position: its ``idempotency_key`` defaults to one made of the parent run,
+    the step and the child's index, so a reattempt of the step finds the children it started
+    before. ``parent_close="cancel"`` (the default) cancels the child when its parent is
+    cancelled or stops waiting for it; ``"abandon"`` lets it run on.
+    """
+
+    def __init__(
+        self,
+        workflow_class: Any,
+        subject: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        parent_close: str = "cancel",
+        **arguments: Any,
+    ) -> None:
+        if not isinstance(workflow_class, type) or not hasattr(workflow_class, "step_definitions"):
+            raise ConfigurationError(f"Child() takes a Workflow subclass, got {workflow_class!r}")
+        if parent_close not in PARENT_CLOSE_POLICIES:
+            raise ConfigurationError(
+                f"parent_close must be one of {', '.join(PARENT_CLOSE_POLICIES)}, got {parent_close!r}"
+            )
+        self.workflow_class = workflow_class
+        self.subject = subject
+        self.idempotency_key = idempotency_key
+        self.parent_close = parent_close
+        self.arguments = arguments
+
+    def __repr__(self) -> str:
+        return f"Child({self.workflow_class.__name__}, {self.subject!r}, **{self.arguments!r})"
 
 
 def job_path(function: Any) -> str:

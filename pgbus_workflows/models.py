@@ -74,6 +74,34 @@ class WorkflowRun(models.Model):
         db_index=False,
     )
     scheduled_for = models.DateTimeField(_("scheduled for"), null=True, blank=True)
+    #: Set on a child run (a ``Child`` of a fan-out step): the parent run, and the fan-out job
+    #: that stands for this child in the parent's step (its end is recorded there).
+    # db_index=False: the partial indexes below hold only child runs (most runs have no parent).
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="children",
+        verbose_name=_("parent run"),
+        db_index=False,
+    )
+    parent_job = models.ForeignKey(
+        "pgbus_workflows.FanOutJob",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("parent's fan-out job"),
+        db_index=False,
+    )
+    #: What the parent's end does to this child while it is ongoing: "cancel" or "abandon" ("" for a top run).
+    # Database defaults: code deployed before these columns (a rolling deploy) can still insert runs.
+    parent_close = models.CharField(_("parent close"), max_length=16, blank=True, default="", db_default="")
+    #: 0 for a run started by code, the parent's depth + 1 for a child (``MAX_CHILD_DEPTH`` bounds it).
+    depth = models.PositiveSmallIntegerField(_("depth"), default=0, db_default=0)
+    #: Set by ``result()``: the transaction that ends the run then NOTIFYs (no NOTIFY for other runs).
+    awaited = models.BooleanField(_("awaited"), default=False, db_default=False)
 
     objects = WorkflowRunQuerySet.as_manager()
 
@@ -109,6 +137,8 @@ class WorkflowRun(models.Model):
                 condition=Q(status__in=sorted(TERMINAL_RUN)),
                 name="pgbus_wf_run_retention",
             ),
+            models.Index(fields=["parent", "id"], condition=Q(parent__isnull=False), name="pgbus_wf_run_children"),
+            models.Index(fields=["parent_job"], condition=Q(parent_job__isnull=False), name="pgbus_wf_run_parent_job"),
         ]
         permissions = [
             ("pause_workflowrun", _("Can pause and resume workflow runs")),

@@ -56,14 +56,25 @@ class StepBody:
         self._step_context("reattempt()")
         raise FlowControl("reattempt", wait=coerce_duration(wait or 0, "reattempt(wait=)"))
 
-    def finished(self) -> None:
-        """End the body and finish the run now; later steps do not run."""
+    def finished(self, result: Any = None) -> None:
+        """End the body and finish the run now; later steps do not run.
+
+        ``result`` (JSON) becomes this step's output, and so the run's result (``wf.result()``).
+        """
         self._step_context("finished()")
-        raise FlowControl("finished")
+        raise FlowControl("finished", value=result)
 
     def output(self, value: Any) -> None:
-        """End the body with ``value`` as its JSON output (the same as returning it)."""
-        self._step_context("output()")
+        """End the body with ``value`` as its JSON output (the same as returning it).
+
+        In a ``@fan_out`` body it does not end the body: ``value`` is kept as the step's own
+        output beside the jobs or children the body returns (in ``self.outputs`` once the step
+        resolves; the step's counts are then in its ``step_completed`` event).
+        """
+        context = self._step_context("output()")
+        if context.fan_out:
+            context.kept_output = value
+            return
         raise FlowControl("output", value=value)
 
     def heartbeat(self) -> bool:

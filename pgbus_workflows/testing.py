@@ -29,7 +29,7 @@ from typing import Any
 
 from . import clock
 from .exceptions import StepWaiting, TestHelperError
-from .models import FanOutJob, JobStatus, WorkflowStep
+from .models import FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .services import fanout, operator
 from .services.claims import claim_step
 from .services.executor import execute_step
@@ -50,11 +50,27 @@ def _waiting_for(workflow: Workflow) -> str:
     step = waiting_step(workflow.record)
     if step is None:
         return "is waiting"
+    children = _children_of(step)
+    if children:
+        ongoing = [child for child in children if child.status not in (RunStatus.FINISHED, RunStatus.CANCELLED)]
+        listed = ", ".join(f"{c.workflow_class} {c.workflow_id} ({c.status})" for c in ongoing[:5])
+        more = f" and {len(ongoing) - 5} more" if len(ongoing) > 5 else ""
+        return (
+            f"is waiting on step {step.step_name}'s {len(children)} children, {len(ongoing)} ongoing: "
+            f"{listed}{more}: complete_fan_out runs them to their end"
+        )
     if step.fan_out_total is not None:
         return f"is waiting on step {step.step_name}'s {step.fan_out_total} fan-out jobs: complete_fan_out moves it on"
     names = ", ".join(step.wait_for or [])
     timeout = ", expire_wait times it out" if step.timeout_at else ""
     return f"is waiting on step {step.step_name} for signal {names}: deliver_signal moves it on{timeout}"
+
+
+def _children_of(step: WorkflowStep) -> list[WorkflowRun]:
+    """The child runs a waiting fan-out attempt stands for, in their order."""
+    if step.fan_out_total is None:
+        return []
+    return list(WorkflowRun.objects.filter(parent_job__step_id=step.pk).order_by("parent_job__index"))
 
 
 def _ensure_ready(workflow: Workflow) -> None:
@@ -181,11 +197,15 @@ class WorkflowTestMixin:
 
         Unlike pgbus's helper (which marks the members completed without running them),
         the jobs really run: their results and failures are what the next steps see.
-        A job with attempts left is retried at once, ignoring its backoff.
+        A job with attempts left is retried at once, ignoring its backoff. Children run
+        inline to their end (their own fan-outs too); a child that waits for a signal or
+        is paused raises, naming it.
         """
         step = waiting_step(workflow.record)
         if step is None or step.fan_out_total is None:
             raise TestHelperError(f"{workflow!r} is not waiting on a fan-out")
+        for child in _children_of(step):
+            self._run_to_end(Workflow.find(child.workflow_id), workflow)
         while True:
             pending = list(FanOutJob.objects.filter(step_id=step.pk, status=JobStatus.PENDING).order_by("index"))
             if not pending:
@@ -196,6 +216,23 @@ class WorkflowTestMixin:
                     execute_job(claimed)
         fanout.resolve_if_done(step.pk, workflow.record.pk)
         return workflow.reload()
+
+    def _run_to_end(self, child: Workflow, parent: Workflow) -> None:
+        """Run a child inline until it is finished or cancelled."""
+        for _ in range(1000):
+            status = child.reload().status
+            if status in (RunStatus.FINISHED, RunStatus.CANCELLED):
+                return
+            if status == RunStatus.READY:
+                self.perform_next_step(child)
+                continue
+            step = waiting_step(child.record) if status == RunStatus.WAITING else None
+            if step is not None and step.fan_out_total is not None:
+                self.complete_fan_out(child)
+                continue
+            what = _waiting_for(child) if status == RunStatus.WAITING else f"is {status}"
+            raise StepWaiting(f"Child {child!r} of {parent!r} {what}")
+        raise TestHelperError(f"Child {child!r} of {parent!r} did not end after 1000 steps")
 
     def tick_schedules(self, now: datetime | None = None) -> list[Workflow]:
         """Fire the schedule ticks due as of ``now``; returns the handles started (:func:`tick_schedules`)."""

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from .definitions import OnException, StepDefinition, ordered_steps, with_name
 from .exceptions import ConfigurationError, StepNotDefined
 from .registry import registry
+from .run_family import RunFamily
 from .run_verbs import RunVerbs
 from .schedules import Schedule
 from .step_body import StepContext
@@ -77,7 +78,7 @@ class WorkflowMeta(type):
         return cls
 
 
-class Workflow(RunVerbs, metaclass=WorkflowMeta):
+class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
     """Subclass it, declare ``@step`` methods, call ``start()``. See the README."""
 
     #: Stable name stored in rows; defaults to "module.QualName".

@@ -380,8 +380,8 @@ def test_a_bad_step_output_fails_the_attempt_and_stores_no_output(order, output,
     ("mode", "error_class", "message"),
     [
         ("non_job", "TypeError", "fan-out step spread returned 2 at index 1, not a Job"),
-        ("not_iterable", "TypeError", "fan-out step spread must return an iterable of Job, got int"),
-        ("dict", "TypeError", "fan-out step spread must return an iterable of Job, got dict"),
+        ("not_iterable", "TypeError", "fan-out step spread must return an iterable of Job or of Child, got int"),
+        ("dict", "TypeError", "fan-out step spread must return an iterable of Job or of Child, got dict"),
         ("lambda", "pgbus_workflows.exceptions.ConfigurationError", "must be a module-level function, not .*<lambda>"),
         ("builtin", "pgbus_workflows.exceptions.ConfigurationError", "must be a plain function, got <built-in"),
         (

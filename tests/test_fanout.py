@@ -500,11 +500,11 @@ def test_a_job_is_stored_by_dotted_path_and_only_module_level_functions_of_insta
 @pytest.mark.parametrize(
     ("what", "error_class", "message"),
     [
-        ("none", "TypeError", "must return an iterable of Job, got NoneType"),
-        ("int", "TypeError", "must return an iterable of Job, got int"),
-        ("str", "TypeError", "must return an iterable of Job, got str"),
-        ("dict", "TypeError", "must return an iterable of Job, got dict"),
-        ("job", "TypeError", "must return an iterable of Job, got Job"),
+        ("none", "TypeError", "must return an iterable of Job or of Child, got NoneType"),
+        ("int", "TypeError", "must return an iterable of Job or of Child, got int"),
+        ("str", "TypeError", "must return an iterable of Job or of Child, got str"),
+        ("dict", "TypeError", "must return an iterable of Job or of Child, got dict"),
+        ("job", "TypeError", "must return an iterable of Job or of Child, got Job"),
         ("mixed", "TypeError", "returned 5 at index 1, not a Job"),
         ("oversize", "pgbus_workflows.exceptions.PayloadTooLarge", "over MAX_PAYLOAD_SIZE (4096 bytes)"),
         ("oversize_kwarg", "pgbus_workflows.exceptions.PayloadTooLarge", "arguments of tests.testapp.jobs.fail_on #0"),

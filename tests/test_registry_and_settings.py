@@ -503,3 +503,11 @@ def test_the_settings_check_is_registered_with_django():
 def test_postgresql_passes_the_database_check():
     assert check_database(databases=["default"]) == []
     assert check_database(databases=None) == []
+
+
+def test_the_readme_settings_table_lists_every_setting_with_its_default():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("`")[1]: line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| `")}
+    assert set(rows) == set(DEFAULTS)
+    assert rows["MAX_CHILD_DEPTH"] == str(DEFAULTS["MAX_CHILD_DEPTH"])

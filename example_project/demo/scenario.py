@@ -18,13 +18,13 @@ from django.db.models import Model
 from pgbus_workflows import Workflow
 
 from ..gallery.models import Album, Image
-from ..gallery.workflows import AlbumProcessing
+from ..gallery.workflows import AlbumProcessing, GalleryImport
 from ..shop.models import CarrierBooking, Order
 from ..shop.workflows import OrderFulfilment, SalesReport
 from ..signup.models import Signup
 from ..signup.workflows import SignupDrip
 
-WORKFLOWS: tuple[type[Workflow], ...] = (SignupDrip, OrderFulfilment, AlbumProcessing, SalesReport)
+WORKFLOWS: tuple[type[Workflow], ...] = (SignupDrip, OrderFulfilment, AlbumProcessing, GalleryImport, SalesReport)
 ACTOR = "demo"
 #: The schedule the demo adds at run time (and pauses when its timeline is over).
 REPORT_SCHEDULE = "demo: every 2 seconds"
@@ -62,11 +62,17 @@ class Scenario:
         self.actions.append(Action(seconds, run))
 
     def start(
-        self, workflow: type[Workflow], subject: Model, label: str, expected: str = "finished", story: str = ""
+        self,
+        workflow: type[Workflow],
+        subject: Model,
+        label: str,
+        expected: str = "finished",
+        story: str = "",
+        **arguments: Any,
     ) -> Any:
         """Start a run about ``subject`` (idempotently, as a request handler would) and track it."""
         key = f"{workflow.name}-{subject._meta.label_lower}-{subject.pk}"
-        handle = workflow.start(subject, idempotency_key=key)
+        handle = workflow.start(subject, idempotency_key=key, **arguments)
         record = handle.record
         self.tracked.append(Tracked(label, workflow.name, record.pk, str(record.workflow_id), expected, story))
         return handle
@@ -221,7 +227,12 @@ def quick(scenario: Scenario) -> None:
         offsite, products = _album(0, images=6, broken=4), _album(1, images=4)
         scenario.start(AlbumProcessing, offsite, f"album {offsite}", story="1 broken image skipped")
         scenario.start(AlbumProcessing, products, f"album {products}")
-        return "2 albums: one thumbnail job per image (fan_out), then publish"
+        launch, plants = _album(2, images=3), _album(3, images=2)
+        importer = _signup(4, opt_in=False, paid=True)
+        scenario.start(
+            GalleryImport, importer, f"{importer.name}'s import", story="2 child albums", albums=[launch.pk, plants.pk]
+        )
+        return "2 albums: one thumbnail job per image (fan_out), then publish; an import of 2 more as child runs"
 
     scenario.at(0.0, signups)
     scenario.at(0.0, orders)
@@ -271,5 +282,15 @@ def full(scenario: Scenario) -> None:
             return f"album {created} uploaded with {created.images.count()} images"
 
         scenario.at(12.0 * i + 2.0, album)
+
+    def gallery_import() -> str:
+        albums = [_album(4 + n, images=3 + n) for n in range(3)]
+        importer = _signup(20, opt_in=False, paid=True)
+        scenario.start(
+            GalleryImport, importer, f"{importer.name}'s import", story="3 child albums", albums=[a.pk for a in albums]
+        )
+        return f"{importer.name} imports 3 albums: one AlbumProcessing child run each"
+
+    scenario.at(20.0, gallery_import)
     scenario.at(0.0, _schedule_reports)
     scenario.at(30.0, _stop_reports(scenario))

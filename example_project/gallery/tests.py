@@ -8,7 +8,7 @@ from pgbus_workflows.testing import WorkflowTestMixin
 
 from .models import Album, Image
 from .thumbnails import BrokenImage, fit
-from .workflows import AlbumProcessing
+from .workflows import AlbumProcessing, GalleryImport
 
 
 def album_with(*sizes: tuple[int, int]) -> Album:
@@ -47,6 +47,19 @@ class AlbumProcessingTests(WorkflowTestMixin, TestCase):
     def test_an_empty_album_is_published_at_once(self) -> None:
         wf = self.speedrun_workflow(AlbumProcessing.start(album_with()))
         self.assertWorkflowStatus(wf, "finished")
+
+
+class GalleryImportTests(WorkflowTestMixin, TestCase):
+    def test_each_album_is_a_child_run_and_the_import_answers_with_the_totals(self) -> None:
+        albums = [album_with((800, 800), (640, 480)), album_with((0, 0), (300, 300), (1024, 768))]
+        wf = GalleryImport.start(albums=[a.pk for a in albums])
+        self.perform_next_step(wf)  # starts one AlbumProcessing child per album
+        self.assertEqual([c.subject for c in wf.children], albums)
+        self.complete_fan_out(wf)  # runs the children (and their thumbnail jobs) to their end
+        self.speedrun_workflow(wf)
+        self.assertEqual(wf.result(), {"albums": 2, "images": 4})  # the broken image was skipped
+        self.assertEqual(wf.outputs["process_albums"], {"albums": ["Team offsite", "Team offsite"]})
+        self.assertTrue(all(Album.objects.values_list("published", flat=True)))
 
 
 class FitTests(SimpleTestCase):

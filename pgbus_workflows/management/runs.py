@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 
 from .. import clock
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -153,7 +153,16 @@ def run_details(run: WorkflowRun) -> dict[str, Any]:
         "rerun_of": str(run.rerun_of) if run.rerun_of else None,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
+        "parent": str(run.parent.workflow_id) if run.parent_id is not None and run.parent is not None else None,
+        "children": children_by_status(run),
     }
+
+
+def children_by_status(run: WorkflowRun) -> dict[str, int] | None:
+    """``{status: count}`` of the runs this run's fan-outs started (None: it started none); read by index."""
+    rows = WorkflowRun.objects.filter(parent_id=run.pk).values_list("status").annotate(n=Count("pk")).order_by()
+    counts: dict[str, int] = dict(rows)
+    return counts or None
 
 
 def latest(rows: QuerySet[Any], limit: int) -> tuple[list[Any], bool]:

@@ -104,6 +104,8 @@ RUN_FIELDS = [
     ("arguments", "arguments"),
     ("idempotency_key", "idempotency key"),
     ("rerun_of", "rerun of"),
+    ("parent", "parent run"),
+    ("children", "children"),
     ("created_at", "created"),
     ("started_at", "started"),
     ("status_changed_at", "status changed"),

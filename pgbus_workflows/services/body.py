@@ -16,10 +16,12 @@ from django.db import connection
 
 from ..context import FlowControl, StepContext
 from ..exceptions import StepNotDefined
-from ..jobs import Job
+from ..jobs import Child, Job
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from .children import ChildStart, check_depth, child_key
 from .outcome import StepOutcome
 from .payload import encode_payload
+from .start import check_start
 from .transactions import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
@@ -59,17 +61,19 @@ def run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
     if definition is None or definition.func is None:  # the guards ruled this out
         raise StepNotDefined(step.step_name)
     workflow._context = context
+    context.fan_out = definition.kind == "fan_out"
     try:
         try:
             value = definition.func(workflow)
         except FlowControl as flow:
+            if flow.kind == "finished":
+                return StepOutcome("finished", output=_encoded(flow.value, f"{step.step_name} result"))
             if flow.kind != "output":
                 return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
             value = flow.value
         if definition.kind == "fan_out":
-            return StepOutcome("fan_out", jobs=_encode_jobs(step.step_name, value))
-        output = None if value is None else encode_payload(value, f"{step.step_name} output")
-        return StepOutcome("success", output=output)
+            return _fan_out(workflow, step.step_name, value, context)
+        return StepOutcome("success", output=_encoded(value, f"{step.step_name} output"))
     except FlowControl as flow:  # a verb called while encoding the output (a custom encoder)
         return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
     except BaseException as error:
@@ -84,17 +88,43 @@ def run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
         workflow._context = None
 
 
-def _encode_jobs(step_name: str, value: Any) -> list[tuple[str, Any]]:
-    """A fan-out body's return value as stored jobs; anything else is a clear error."""
+def _encoded(value: Any, what: str) -> Any:
+    return None if value is None else encode_payload(value, what)
+
+
+def _fan_out(workflow: Workflow, step_name: str, value: Any, context: StepContext) -> StepOutcome:
+    """A fan-out body's return value as stored jobs or checked children, with the output it kept."""
     if value is None or isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
-        raise TypeError(f"fan-out step {step_name} must return an iterable of Job, got {type(value).__name__}")
+        raise TypeError(
+            f"fan-out step {step_name} must return an iterable of Job or of Child, got {type(value).__name__}"
+        )
+    members = list(value)
+    output = _encoded(context.kept_output, f"{step_name} output")
+    if members and all(isinstance(member, Child) for member in members):
+        check_depth(workflow.record)
+        children = [
+            ChildStart(
+                child.workflow_class,
+                check_start(
+                    child.workflow_class,
+                    child.subject,
+                    child.idempotency_key or child_key(workflow.record, step_name, index),
+                    child.arguments,
+                ),
+                child.parent_close,
+            )
+            for index, child in enumerate(members)
+        ]
+        return StepOutcome("fan_out", children=children, output=output)
     jobs = []
-    for index, job in enumerate(value):
+    for index, job in enumerate(members):
+        if isinstance(job, Child):
+            raise TypeError(f"fan-out step {step_name} returned both Job and Child items: a fan-out has one kind")
         if not isinstance(job, Job):
-            raise TypeError(f"fan-out step {step_name} returned {job!r} at index {index}, not a Job")
+            raise TypeError(f"fan-out step {step_name} returned {job!r} at index {index}, not a Job or a Child")
         arguments = encode_payload({"args": job.args, "kwargs": job.kwargs}, f"arguments of {job.path} #{index}")
         jobs.append((job.path, arguments))
-    return jobs
+    return StepOutcome("fan_out", jobs=jobs, output=output)
 
 
 def log_outcome(run: WorkflowRun, step: WorkflowStep, outcome: StepOutcome) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, F, Max, Q
+from django.dispatch import receiver
 
 from .. import clock, rows, sql
 from ..conf import settings
@@ -30,8 +31,10 @@ from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, Workflow
 from ..states import RunStatus, StepStatus, job_event
 from . import waiting
 from .body import Chain
+from .children import CHILD_PREFIX
 from .isolation import RowFailures
 from .ledger import RunLedger, workflow_class
+from .lineage import child_ended
 from .locks import locked_step
 from .outcome import StepOutcome
 from .payload import encode_payload, storable_text
@@ -268,14 +271,23 @@ def resolve_in_ledger(ledger: RunLedger, step: WorkflowStep) -> bool:
         return False
     counts = progress(step)
     definition = ledger.cls.step_definition(step.step_name)
-    output = {"total": counts["total"], "succeeded": counts["succeeded"], "failed": counts["failed"]}
+    summary = {"total": counts["total"], "succeeded": counts["succeeded"], "failed": counts["failed"]}
+    members = "children" if step.jobs.filter(function__startswith=CHILD_PREFIX).exists() else "jobs"
     if counts["failed"] and (definition is None or definition.on_job_failure == "fail"):
-        error = FanOutFailed(f"{counts['failed']} of {counts['total']} jobs of {step.step_name} failed")
-        outcome = StepOutcome.from_error(error, details={"fan_out": output})
+        error = FanOutFailed(f"{counts['failed']} of {counts['total']} {members} of {step.step_name} failed")
+        outcome = StepOutcome.from_error(error, details={"fan_out": summary})
     else:
-        outcome = StepOutcome("success", output=output)
+        # The output the body kept is the step's; without one, the counts are.
+        output = summary if step.output is None else step.output
+        outcome = StepOutcome("success", output=output, details={"fan_out": summary})
     waiting.resolve(ledger, step, outcome)
     return True
+
+
+@receiver(child_ended)
+def _child_ended(sender: Any, step_pk: int, run_pk: int, **kwargs: Any) -> None:
+    """A child run ended (or a re-attached fan-out found them all ended): resolve the parent's step."""
+    with_reconnect(partial(resolve_if_done, step_pk, run_pk))
 
 
 def progress(step: WorkflowStep) -> dict[str, int]:

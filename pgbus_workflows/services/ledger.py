@@ -29,6 +29,7 @@ from ..states import (
     step_event,
     unless_paused,
 )
+from .lineage import END_FIELDS, child_end, settle_after_commit
 from .payload import storable_text
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class RunLedger:
         #: Set by the executor: who may take a step scheduled due now (a ``Chain``); the step
         #: is then inserted already claimed, and ``claim_chained`` records the claim.
         self.claim_for: Chain | None = None
+        #: ``(status, step, reason)`` once the run ended in this unit of work (written at flush).
+        self._ended: tuple[str, WorkflowStep | None, str | None] | None = None
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
@@ -107,6 +110,7 @@ class RunLedger:
         fields: dict[str, Any] = {"status": target, "status_changed_at": self.now}
         if target in TERMINAL_RUN:
             fields["finished_at"] = self.now
+            self._ended = (target, step, reason)
         if target != "paused":
             fields["paused_reason"] = ""
         self.set_run(**fields)
@@ -289,12 +293,14 @@ class RunLedger:
 
     def flush(self) -> None:
         """Save the run, insert the events, queue the NOTIFY and the after-commit signals."""
+        ended = self._announce_end()
         if self._after_commit:
             sender, pending = self.run.workflow_class, self._after_commit
             transaction.on_commit(lambda: _send_all(sender, pending))
             self._after_commit = []
         if self.writes is not None:
             self._defer(self.writes)
+            self.writes.ended.update(ended)
             return
         statements = []
         if self._run_fields:
@@ -306,8 +312,39 @@ class RunLedger:
         if sql.postgresql():
             notify = sql.statement("notify")
             statements += [(notify, [settings.NOTIFY_CHANNEL, q]) for q in sorted(self._queues)]
+            statements += [(notify, [ended_channel(), workflow_id]) for workflow_id in ended]
         self._queues.clear()
         sql.run_batch(statements)  # one round trip
+
+    def settle(self, step: WorkflowStep) -> None:
+        """Once this unit of work commits, resolve the fan-out ``step`` of this run if its members all ended."""
+        self._settle({(step.pk, self.run.pk)})
+
+    def _settle(self, fan_outs: set[tuple[int, int]]) -> None:
+        """Resolve these fan-outs after commit: once per batch of ledgers (siblings ending together)."""
+        if self.writes is not None:
+            self.writes.settle |= fan_outs
+        else:
+            settle_after_commit(fan_outs)
+
+    def _announce_end(self) -> list[str]:
+        """A run that ended: its parent's job learns it, and ``result()`` waiters get a NOTIFY.
+
+        Returns the workflow ids to NOTIFY on :func:`ended_channel` (a run someone awaits).
+        """
+        if self._ended is None:
+            return []
+        status, step, reason = self._ended
+        self._ended = None
+        job = child_end(self.run, status, step, reason, self.now)
+        if job is not None:
+            if self.writes is not None:
+                self.writes.update(job, END_FIELDS)
+                self.writes.settle_jobs.add(job.pk)
+            else:
+                rows.update(job, END_FIELDS)
+                settle_after_commit(set(), {job.pk})
+        return [str(self.run.workflow_id)] if self.run.awaited else []
 
     def _defer(self, writes: WriteBatch) -> None:
         """Hand the run update, the events and the wake-ups to the shared batch."""
@@ -318,6 +355,11 @@ class RunLedger:
         self._events = []
         writes.notify |= self._queues
         self._queues.clear()
+
+
+def ended_channel() -> str:
+    """The channel on which the end of an awaited run is announced (payload: its workflow id)."""
+    return f"{settings.NOTIFY_CHANNEL}_ended"
 
 
 #: One run's unit of work in a batch: its ledger (None: the run is gone) and its locked step.

@@ -18,6 +18,7 @@ from ..bulk import WriteBatch
 from ..conf import settings
 from ..models import WorkflowRun, WorkflowStep
 from .ledger import RunLedger, Unit
+from .lineage import settle_after_commit
 
 
 class RunLocked(Exception):
@@ -109,6 +110,8 @@ def locked_steps(
             if ledger is not None:
                 ledger.flush()
         writes.send(settings.NOTIFY_CHANNEL)
+        if writes.settle or writes.settle_jobs:
+            settle_after_commit(writes.settle, writes.settle_jobs)
 
 
 @contextmanager

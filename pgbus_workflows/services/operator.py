@@ -72,7 +72,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
         if active is not None:
             _return_unused_signal(ledger, active, "resume_at")
             ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
-            fanout.cancel_pending_jobs(active)
+            _abandon_fan_out(ledger, active, f"its parent was resumed at {step_name}")
         step = ledger.schedule(definition, wait=timedelta(0))
         ledger.transition(
             "resume",
@@ -92,7 +92,7 @@ def cancel(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
         active = _admit(ledger, "cancel")
         if active is not None:
             ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
-            fanout.cancel_pending_jobs(active)
+            _abandon_fan_out(ledger, active, "its parent was cancelled" + (f": {reason}" if reason else ""))
         ledger.transition(
             "cancel", RunStatus.CANCELLED, kind="cancelled", actor=actor or DEFAULT_ACTOR, reason=reason, step=active
         )
@@ -159,7 +159,7 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
         actor = actor or DEFAULT_ACTOR
         active = _admit(ledger, "skip")
         if run.status == RunStatus.WAITING and active is not None:
-            fanout.cancel_pending_jobs(active)
+            _abandon_fan_out(ledger, active, f"its parent skipped {active.step_name}")
             waiting.resolve(ledger, active, StepOutcome("skip", actor=actor, reason=reason))
             return ledger.run
         current = active or _last_attempt(ledger)
@@ -170,11 +170,34 @@ def skip(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wor
         if active is not None:
             _return_unused_signal(ledger, active, "skip")
             ledger.move_step(active, "skip", outcome=StepOutcomeKind.SKIPPED)
-            fanout.cancel_pending_jobs(active)
+            _abandon_fan_out(ledger, active, f"its parent skipped {active.step_name}")
         continue_after(
             ledger, current, kind="step_skipped", actor=actor, reason=reason, details={"skipped": current.step_name}
         )
     return ledger.run
+
+
+def _abandon_fan_out(ledger: RunLedger, step: WorkflowStep, why: str) -> None:
+    """The run stops waiting for ``step``'s members: its pending jobs and its children (``parent_close="cancel"``) end.
+
+    Each child is cancelled under its own lock, taken after its parent's (the one order locks
+    are ever taken in between runs), in this same transaction: grandchildren follow, and no
+    child outlives a cancel that committed.
+    """
+    fanout.cancel_pending_jobs(step)
+    if step.fan_out_total is None:
+        return
+    children = (
+        WorkflowRun.objects.ongoing()
+        .filter(parent_id=ledger.run.pk, parent_close="cancel")
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    for child_pk in list(children):
+        try:
+            cancel(child_pk, actor=f"parent:{ledger.run.workflow_id}", reason=why)
+        except InvalidTransition:  # it ended meanwhile: nothing to cancel
+            continue
 
 
 def _return_unused_signal(ledger: RunLedger, step: WorkflowStep, why: str) -> None:

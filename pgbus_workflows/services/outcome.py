@@ -18,6 +18,7 @@ from ..definitions import OnException, StepDefinition, coerce_duration, resolve_
 from ..exceptions import StepNotDefined, StepStalled
 from ..models import FanOutJob, WorkflowSignal, WorkflowStep
 from ..states import SIGNAL_EVENTS, RunStatus, StepOutcomeKind, StepStatus
+from .children import open_children
 from .ledger import RunLedger
 from .payload import storable_text
 
@@ -47,6 +48,8 @@ class StepOutcome:
     details: dict[str, Any] = field(default_factory=dict)
     #: A fan-out body's jobs, as ``(dotted path, {"args": [...], "kwargs": {...}})``.
     jobs: list[tuple[str, Any]] = field(default_factory=list)
+    #: A fan-out body's children (``services.children.ChildStart``), started when the step parks.
+    children: list[Any] = field(default_factory=list)
     #: False when the attempt ended before its body ran (a guard, a gravestone, an unknown
     #: step): a signal it consumed goes back to pending, for the step that will run.
     body_ran: bool = True
@@ -85,7 +88,7 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
         return_signal(ledger, step, outcome.kind)
     if outcome.kind == "success":
         ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
-        continue_after(ledger, step, kind="step_completed", actor=actor, reason=reason)
+        continue_after(ledger, step, kind="step_completed", actor=actor, reason=reason, details=outcome.details)
     elif outcome.kind == "finished":
         ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
         ledger.transition("finish", RunStatus.FINISHED, kind="finished", step=step, actor=actor, reason=reason)
@@ -113,7 +116,7 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
     elif outcome.kind == "error":
         _apply_error(ledger, step, definition, outcome)
     elif outcome.kind == "fan_out":
-        _open_fan_out(ledger, step, definition, outcome.jobs)
+        _open_fan_out(ledger, step, definition, outcome)
     elif outcome.kind == "stall":  # the database went away under the body, as a crash would
         cause = f"{_class_name(outcome.error)}: {error_message(outcome.error)}" if outcome.error else None
         stall_step(ledger, step, detection="connection_lost", cause=cause)
@@ -122,13 +125,28 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
 
 
 def _open_fan_out(
-    ledger: RunLedger, step: WorkflowStep, definition: StepDefinition | None, jobs: list[tuple[str, Any]]
+    ledger: RunLedger, step: WorkflowStep, definition: StepDefinition | None, outcome: StepOutcome
 ) -> None:
-    """Insert the jobs in bulk and park the step until the last one ends (zero jobs: done at once)."""
-    if not jobs:
+    """Insert the jobs (or start the children) and park the step until the last one ends (none: done at once).
+
+    The output the body kept (``output()``) is the step's; without one, its counts are.
+    """
+    jobs, children, kept = outcome.jobs, outcome.children, outcome.output
+    if not jobs and not children:
         empty = {"total": 0, "succeeded": 0, "failed": 0}
-        ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=empty, fan_out_total=0)
+        output = empty if kept is None else kept
+        ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=output, fan_out_total=0)
         continue_after(ledger, step, kind="step_completed", details={"fan_out": empty})
+        return
+    if children:
+        ended = open_children(ledger, step, children)
+        ledger.move_step(
+            step, "park", fan_out_total=len(children), waiting_since=ledger.now, stall_at=None, output=kept
+        )
+        details = {"children": len(children), "ended": ended}
+        ledger.transition("park", RunStatus.WAITING, kind="fan_out_started", step=step, details=details)
+        if ended == len(children):  # every child was re-attached already ended: resolve once this commits
+            ledger.settle(step)
         return
     max_attempts = definition.max_attempts if definition is not None else 1
     FanOutJob.objects.bulk_create(
@@ -148,7 +166,7 @@ def _open_fan_out(
         ],
         batch_size=1000,
     )
-    ledger.move_step(step, "park", fan_out_total=len(jobs), waiting_since=ledger.now, stall_at=None)
+    ledger.move_step(step, "park", fan_out_total=len(jobs), waiting_since=ledger.now, stall_at=None, output=kept)
     ledger.transition("park", RunStatus.WAITING, kind="fan_out_started", step=step, details={"jobs": len(jobs)})
     ledger.wake(step.queue)
 

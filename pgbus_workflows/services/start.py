@@ -89,6 +89,7 @@ def _new_run(
     payload: dict[str, Any],
     rerun_of: WorkflowRun | None = None,
     tick: Tick | None = None,
+    lineage: dict[str, Any] | None = None,
 ) -> WorkflowRun:
     return rows.build(
         WorkflowRun,
@@ -105,6 +106,7 @@ def _new_run(
         status_changed_at=now,
         schedule_id=tick[0] if tick else None,
         scheduled_for=tick[1] if tick else None,
+        **(lineage or {}),
     )
 
 
@@ -117,16 +119,19 @@ def _insert(
     actor: str | None,
     rerun_of: WorkflowRun | None,
     tick: Tick | None = None,
+    lineage: dict[str, Any] | None = None,
 ) -> Workflow:
     now = clock.now()
     first = cls.next_step_after(None)
-    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick)
+    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick, lineage)
     ledger = RunLedger(record, now)
     details: dict[str, Any] = {"arguments": payload}
     if rerun_of is not None:
         details["rerun_of"] = str(rerun_of.workflow_id)
     if tick is not None:
         details["schedule_id"], details["scheduled_for"] = tick[0], tick[1].isoformat()
+    if record.parent is not None:
+        details["parent"] = str(record.parent.workflow_id)
     started: dict[str, Any] = {"actor": actor, "details": details, "transition": ("", "", RunStatus.READY)}
     if first is not None and sql.postgresql():
         # The common case in one statement: no transaction of its own, no savepoint, no
@@ -270,11 +275,47 @@ def _item(item: Any, number: int) -> tuple[Any, str | None, dict[str, Any] | Non
     return item.get("subject"), item.get("idempotency_key"), None if arguments is None else dict(arguments)
 
 
+#: ``(idempotency key, subject type, subject id, arguments as stored)`` of one checked start.
+Checked = tuple[str | None, str | None, str | None, Any]
+
+
+def start_children(
+    cls: type[Workflow], checked: list[Checked], lineages: list[dict[str, Any]], actor: str
+) -> list[Workflow]:
+    """Start child runs of ``cls`` inside the caller's transaction (the parent's park), as :func:`start_runs`.
+
+    ``checked`` come from :func:`check_start`; ``lineages`` are each child's parent fields.
+    A key already used gives that run's handle with ``duplicate_start`` (the caller re-attaches it).
+    """
+    first = cls.next_step_after(None)
+    if first is None:  # nothing to schedule: each child finishes at once, as start() does it
+        return [
+            _insert(cls, st, si, key, payload, actor, None, lineage=lineage)
+            for (key, st, si, payload), lineage in zip(checked, lineages, strict=True)
+        ]
+    return _insert_many(cls, first, checked, lineages, actor)
+
+
+def check_start(
+    cls: type[Workflow], subject: Model | None, idempotency_key: str | None, arguments: dict[str, Any] | None
+) -> Checked:
+    """The checked start of one run (``start()``'s rules); raises on bad input, writes nothing."""
+    return (idempotency_key, *_checked(cls, subject, idempotency_key, arguments))
+
+
 def _insert_many(
-    cls: type[Workflow], first: StepDefinition, checked: list[tuple[str | None, str | None, str | None, Any]]
+    cls: type[Workflow],
+    first: StepDefinition,
+    checked: list[Checked],
+    lineages: list[dict[str, Any]] | None = None,
+    actor: str | None = None,
 ) -> list[Workflow]:
     now = clock.now()
-    records = [_new_run(cls, first, now, st, si, key, payload) for key, st, si, payload in checked]
+    lineage_of = lineages or [{}] * len(checked)
+    records = [
+        _new_run(cls, first, now, st, si, key, payload, lineage=lineage)
+        for (key, st, si, payload), lineage in zip(checked, lineage_of, strict=True)
+    ]
     as_uuid = WorkflowRun._meta.get_field("workflow_id").to_python  # SQLite returns the text
     keys = {}
     # PostgreSQL: bound on the server, so the arrays go in binary, not spelled out in the text.
@@ -295,16 +336,23 @@ def _insert_many(
     # Every first attempt is alike, and every event but for its run: made once, copied.
     ledger = RunLedger(new[0], now)
     attempt = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
-    started = ledger.new_event("started", transition=("", "", RunStatus.READY))
+    started = ledger.new_event("started", actor=actor, transition=("", "", RunStatus.READY))
     writes = bulk.WriteBatch()
     writes.inserts = [rows.clone(attempt, run_id=record.pk) for record in new]
-    writes.rows = [rows.clone(started, run_id=record.pk, details={"arguments": record.arguments}) for record in new]
+    writes.rows = [rows.clone(started, run_id=record.pk, details=_started_details(record)) for record in new]
     writes.notify.add(attempt.queue)
     if signals.workflow_started.has_listeners():
         sent = [(record.workflow_id, record.subject_type, record.subject_id) for record in new]
         transaction.on_commit(lambda: _send_started(cls.name, sent))
     writes.send(settings.NOTIFY_CHANNEL)
     return handles
+
+
+def _started_details(record: WorkflowRun) -> dict[str, Any]:
+    parent = record.parent if record.parent_id is not None else None
+    if parent is None:
+        return {"arguments": record.arguments}
+    return {"arguments": record.arguments, "parent": str(parent.workflow_id)}
 
 
 def _send_started(sender: str, started: list[tuple[Any, str | None, str | None]]) -> None:

@@ -13,7 +13,7 @@ import os
 import threading
 from datetime import timedelta
 
-from pgbus_workflows import Job, OnException, Workflow, fan_out, step
+from pgbus_workflows import Child, Job, OnException, Workflow, fan_out, step
 from pgbus_workflows.exceptions import PayloadNotSerializable
 
 from .models import ChaosRecord
@@ -33,8 +33,20 @@ def chaos_job(run_key: str, index: int) -> int:
     return index
 
 
+class ChaosChild(Workflow):
+    """A child of the chaos workflow: records that it ran and answers its index."""
+
+    name = "chaos_child"
+    allow_multiple = True
+
+    @step
+    def answer(self):
+        _record("child", self.arguments["run_key"], f"{self.arguments['run_key']}:{self.arguments['index']}")
+        return self.arguments["index"]
+
+
 class ChaosWorkflow(Workflow):
-    """Atomic insert, idempotency key, flaky call, signal wait, fan-out."""
+    """Atomic insert, idempotency key, flaky call, signal wait, fan-out, children."""
 
     name = "chaos"
     exception_policies = [
@@ -76,6 +88,11 @@ class ChaosWorkflow(Workflow):
     def fan(self):
         self._execution()
         return [Job(chaos_job, str(self.workflow_id), i) for i in range(3)]
+
+    @fan_out
+    def ship_children(self):
+        self._execution()
+        return [Child(ChaosChild, run_key=str(self.workflow_id), index=i) for i in range(2)]
 
     @step
     def exit_once(self):

@@ -291,3 +291,6 @@ class Ticked(Workflow):
     @step
     def note(self):
         record("ticked", self.scheduled_for.isoformat())
+
+
+from .child_workflows import Abandoned, Forever, Many, Shipment, ShipOrder, ShipWhatever, SlowChild, Tree, Waiter  # noqa: E402, F401

@@ -1,0 +1,53 @@
+"""A run's family and its answer, on the handle: ``wf.parent``, ``wf.children``, ``wf.result()``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import WorkflowCancelled
+from .registry import registry
+from .states import RunStatus
+
+if TYPE_CHECKING:
+    from .models import WorkflowRun
+    from .workflow import Workflow
+
+
+class RunFamily:
+    """The parent, the children and the result of a run (the ``RunFamily`` half of ``Workflow``)."""
+
+    record: WorkflowRun
+
+    @property
+    def parent(self) -> Workflow | None:
+        """The handle of the run whose fan-out started this one (None for a run started by code)."""
+        if self.record.parent_id is None:
+            return None
+        parent = self.record.parent
+        return None if parent is None else registry.class_for(parent.workflow_class)(parent)
+
+    @property
+    def children(self) -> list[Workflow]:
+        """Handles of the runs this run's fan-outs started, in the order they were started."""
+        from .models import WorkflowRun  # deferred: this module loads before the app registry
+
+        runs = WorkflowRun.objects.filter(parent_id=self.record.pk).order_by("id")
+        return [registry.class_for(run.workflow_class)(run) for run in runs]
+
+    def result(self, timeout: float | timedelta | None = None) -> Any:
+        """Wait for the run to end (without busy polling) and return its result; any process may call it.
+
+        The result is the output of the run's last completed step (what ``self.finished(result)``
+        passed, when a step finished the run that way). Raises :class:`WorkflowCancelled` for a
+        cancelled run and ``TimeoutError`` when ``timeout`` (seconds or a ``timedelta``) passes first.
+        """
+        from .services.lineage import run_result  # deferred: this module loads before the app registry
+        from .services.results import wait_for_end  # deferred: this module loads before the app registry
+
+        self.record = wait_for_end(self.record, timeout)
+        if self.record.status == RunStatus.CANCELLED:
+            raise WorkflowCancelled(
+                f"Run {self.record.workflow_id} ({self.record.workflow_class}) was cancelled", workflow=self
+            )
+        return run_result(self.record)

@@ -1,0 +1,131 @@
+"""Child runs of a fan-out step: started in the transaction that parks the step, each at most once.
+
+Each child has a fan-out job row in the parent's step that stands for it (its end is
+recorded there by ``services.lineage``), so the parent's step resolves, counts and reads
+results as it does for jobs. A child's idempotency key defaults to one made of the parent
+run, the step and the child's index: a reattempt of the step (or a body run again after a
+crash) finds the children started before and re-attaches them, never starting a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import clock, rows
+from ..conf import settings
+from ..exceptions import ChildConflict, ChildDepthExceeded
+from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..states import TERMINAL_RUN, JobStatus, RunStatus
+from .ledger import RunLedger
+from .lineage import run_result
+from .start import MAX_KEY_LENGTH, Checked, start_children
+
+if TYPE_CHECKING:
+    from ..workflow import Workflow
+
+#: The job ``function`` of a child (informational: the child run's class is what runs).
+CHILD_PREFIX = "child:"
+
+
+@dataclass
+class ChildStart:
+    """One checked ``Child`` of a fan-out body: its class, its start and its parent-close policy."""
+
+    cls: type[Workflow]
+    checked: Checked
+    parent_close: str
+
+
+def child_key(parent: WorkflowRun, step_name: str, index: int) -> str:
+    """The default idempotency key of the child at ``index`` of ``step_name`` in ``parent``."""
+    key = f"child:{parent.workflow_id}:{step_name}:{index}"
+    if len(key) > MAX_KEY_LENGTH:
+        digest = hashlib.sha256(step_name.encode()).hexdigest()
+        key = f"child:{parent.workflow_id}:{digest}:{index}"
+    return key
+
+
+def open_children(ledger: RunLedger, step: WorkflowStep, children: list[ChildStart]) -> int:
+    """Insert the step's jobs and start (or re-attach) its children; returns how many have ended already.
+
+    Runs under the parent's lock, in the transaction that parks the step: a crash before its
+    commit leaves neither. Children of the same class are started with one statement per table.
+    """
+    now = ledger.now
+    jobs = [
+        FanOutJob(
+            step=step,
+            run=ledger.run,
+            index=index,
+            function=f"{CHILD_PREFIX}{child.cls.name}"[:255],
+            arguments={},
+            status=JobStatus.RUNNING,
+            attempts=1,
+            max_attempts=1,
+            queue=step.queue,
+            priority=step.priority,
+            scheduled_at=now,
+            started_at=now,
+        )
+        for index, child in enumerate(children)
+    ]
+    FanOutJob.objects.bulk_create(jobs, batch_size=1000)
+    by_class: dict[type[Workflow], list[int]] = {}
+    for index, child in enumerate(children):
+        by_class.setdefault(child.cls, []).append(index)
+    actor = f"parent:{ledger.run.workflow_id}"
+    ended = 0
+    for cls, indexes in by_class.items():
+        lineages = [
+            {
+                "parent": ledger.run,
+                "parent_job_id": jobs[i].pk,
+                "parent_close": children[i].parent_close,
+                "depth": ledger.run.depth + 1,
+            }
+            for i in indexes
+        ]
+        handles = start_children(cls, [children[i].checked for i in indexes], lineages, actor)
+        for i, handle in zip(indexes, handles, strict=True):
+            if handle.duplicate_start:
+                ended += _reattach(ledger, jobs[i], handle.record)
+            elif handle.record.status in TERMINAL_RUN:  # a class with no steps finished at once
+                ended += 1
+    return ended
+
+
+def _reattach(ledger: RunLedger, job: FanOutJob, existing: WorkflowRun) -> int:
+    """A child this step started before (a reattempt): its job is now ``job``; 1 when it has ended."""
+    child = rows.lock(WorkflowRun, {"id": existing.pk})  # parent first, then child: the order a cancel takes
+    if child is None or child.parent_id != ledger.run.pk:
+        raise ChildConflict(
+            f"idempotency_key {existing.idempotency_key!r} of {existing.workflow_class} is taken by run "
+            f"{existing.workflow_id}, which is not a child of {ledger.run.workflow_id}: use a key per child"
+        )
+    WorkflowRun.objects.filter(pk=child.pk).update(parent_job_id=job.pk)
+    if child.parent_job_id is not None:  # its job in the earlier attempt no longer stands for it
+        FanOutJob.objects.filter(pk=child.parent_job_id, status=JobStatus.RUNNING).update(
+            status=JobStatus.CANCELLED, finished_at=ledger.now
+        )
+    ledger.event("child_reattached", details={"child": str(child.workflow_id), "index": job.index})
+    if child.status not in TERMINAL_RUN:
+        return 0
+    fields: dict[str, Any] = {"finished_at": clock.now()}
+    if child.status == RunStatus.FINISHED:
+        fields.update(status=JobStatus.SUCCEEDED, result=run_result(child))
+    else:
+        fields.update(status=JobStatus.FAILED, error=f"Child run {child.workflow_id} was cancelled")
+    FanOutJob.objects.filter(pk=job.pk).update(**fields)
+    return 1
+
+
+def check_depth(parent: WorkflowRun) -> None:
+    """Refuse children deeper than ``MAX_CHILD_DEPTH`` (a workflow that starts itself without end)."""
+    limit = settings.MAX_CHILD_DEPTH
+    if parent.depth + 1 > limit:
+        raise ChildDepthExceeded(
+            f"Run {parent.workflow_id} ({parent.workflow_class}) is at depth {parent.depth}: its children would "
+            f"pass MAX_CHILD_DEPTH ({limit}). A workflow that starts children of its own class needs an end."
+        )

@@ -1,0 +1,76 @@
+"""A child run's end, written into its parent's fan-out: the job that stands for it, and a wake-up.
+
+The ledger of the child's last transition calls :func:`child_end` under the child's lock
+and writes the job row it returns with the rest of its unit of work (batched with the other
+outcomes of a dispatcher's batch). The child's result (or why it was cancelled) goes on the
+parent's fan-out job row, never on the parent's run row: locks are only ever taken parent
+first (a parent's cancel locks its children), so the child's transaction must not wait for
+its parent. Once it commits, :data:`child_ended` tells ``services.fanout`` to resolve the
+parent's step in a transaction of its own (and the sweep resolves one whose wake-up was lost).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.dispatch import Signal
+
+from .. import rows
+from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..states import JobStatus, RunStatus, StepOutcomeKind
+from .payload import storable_text
+
+#: Sent after the commit that ended a child run: ``step_pk`` and ``run_pk`` of the parent's fan-out.
+child_ended = Signal()
+
+#: The job columns a child's end writes.
+END_FIELDS = ("status", "finished_at", "result", "error")
+
+
+def run_result(run: WorkflowRun, step: WorkflowStep | None = None) -> Any:
+    """A run's result: the output of its last completed step (``finished(result)`` records it there).
+
+    ``step``: the attempt that ended the run in this unit of work, maybe not written yet.
+    """
+    if step is not None and step.outcome == StepOutcomeKind.SUCCESS:
+        return step.output
+    latest = WorkflowStep.objects.filter(run_id=run.pk, outcome=StepOutcomeKind.SUCCESS).order_by("-id")
+    if step is not None and step.pk is not None:
+        latest = latest.exclude(pk=step.pk)
+    return next(iter(latest.values_list("output", flat=True)[:1]), None)
+
+
+def child_end(
+    run: WorkflowRun, status: str, step: WorkflowStep | None, reason: str | None, now: Any
+) -> FanOutJob | None:
+    """The parent's job row of the child ``run`` that ended, as it must now be written (None: not a child).
+
+    Finished is the job's success, with the child's result; cancelled is its failure.
+    """
+    if run.parent_job_id is None:
+        return None
+    if status == RunStatus.FINISHED:
+        return rows.build(
+            FanOutJob, id=run.parent_job_id, status=JobStatus.SUCCEEDED, finished_at=now, result=run_result(run, step)
+        )
+    why = f": {reason}" if reason else ""
+    error = storable_text(f"Child run {run.workflow_id} ({run.workflow_class}) was cancelled{why}")
+    return rows.build(FanOutJob, id=run.parent_job_id, status=JobStatus.FAILED, finished_at=now, error=error)
+
+
+def settle_after_commit(fan_outs: set[tuple[int, int]], jobs: set[int] | None = None) -> None:
+    """Once the current transaction commits, send :data:`child_ended` once per fan-out.
+
+    ``fan_outs`` are ``(step pk, run pk)``; ``jobs`` are job pks whose fan-outs are looked up
+    then, in one query for all of them.
+    """
+    pending, job_pks = set(fan_outs), sorted(jobs or ())
+
+    def send() -> None:
+        if job_pks:
+            pending.update(FanOutJob.objects.filter(pk__in=job_pks).values_list("step_id", "run_id").distinct())
+        for step_pk, run_pk in sorted(pending):
+            child_ended.send(sender=settle_after_commit, step_pk=step_pk, run_pk=run_pk)
+
+    transaction.on_commit(send, robust=True)

@@ -49,6 +49,8 @@ def attempt_parts(step: WorkflowStep, now: datetime) -> list[tuple[str, datetime
         woke = step.scheduled_at > step.waiting_since
         if first_run is not None:
             parts += [("queued", step.created_at, first_run), ("running", first_run, step.waiting_since)]
+        else:  # woken and claimed again: the claim before the wait is no longer on the row
+            parts.append(("queued", step.created_at, step.waiting_since))
         parts.append(("parked", step.waiting_since, step.scheduled_at if woke else end))
         if woke:
             claimed = step.started_at if first_run is None and step.started_at else None

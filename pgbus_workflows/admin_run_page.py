@@ -151,9 +151,10 @@ def page_of(request: HttpRequest, section: Section, count: int) -> dict[str, Any
         if not 1 <= target <= pages:
             return None
         params = request.GET.copy()
-        params.pop(section.param, None)
         if target > 1:
             params[section.param] = str(target)
+        else:
+            params.pop(section.param, None)
         return f"?{params.urlencode()}#{section.anchor}"
 
     return {

@@ -100,7 +100,9 @@ def timeline_chart(steps: list[WorkflowStep], now: datetime, ongoing: bool) -> d
         bars.append({"step": step, "y": index * ROW_HEIGHT, "parts": drawn})
     height = len(bars) * ROW_HEIGHT
     moments = [first + timedelta(seconds=span * i / TICKS) for i in range(TICKS + 1)]
-    ticks = [{"x": x(moment), "label": _clock(moment)} for moment in moments]
+    # Within a day the time of day tells the ticks apart; the caption gives the dates.
+    tick_format = "%H:%M:%S" if span < 86_400 else "%m-%d %H:%M"
+    ticks = [{"x": x(moment), "label": timezone.localtime(moment).strftime(tick_format)} for moment in moments]
     return {
         "bars": bars,
         "ticks": ticks,
@@ -111,6 +113,8 @@ def timeline_chart(steps: list[WorkflowStep], now: datetime, ongoing: bool) -> d
         "bar_height": BAR_HEIGHT,
         "label_x": LABEL_WIDTH - 8,
         "span": format_duration(last - first),
+        "first": _clock(first),
+        "last": _clock(last),
         "kinds": list(KIND_LABELS.items()),
     }
 

@@ -132,3 +132,38 @@ def test_the_page_draws_each_attempt_a_dispatcher_runs_and_stops_when_the_run_fi
         assert fetched == []
 
     assert wf.reload().status == "finished"
+
+
+def test_the_page_holds_still_while_a_field_has_the_focus_or_a_detail_is_open(
+    live_server, django_user_model, monkeypatch
+):
+    from pgbus_workflows.testing import WorkflowTestMixin
+
+    monkeypatch.setattr(admin_run_page, "REFRESH_SECONDS", 1)
+    wf = ThreeSteps.start()
+    WorkflowTestMixin().perform_next_step(wf)  # "one" completes with an output; the run goes on
+    staff_user(django_user_model, "una", *VIEW)
+    run_url = f"{live_server.url}/admin/pgbus_workflows/workflowrun/{wf.record.pk}/change/"
+
+    with browser_page(live_server) as page:
+        log_in(page, live_server, "una")
+        page.goto(run_url)
+        page.wait_for_selector("#pgbus-live")
+        fetched: list[str] = []
+        page.on("request", lambda request: fetched.append(request.url))
+
+        def refreshes_while(hold: str, release: str) -> None:
+            page.evaluate(hold)
+            page.wait_for_timeout(500)  # a fetch sent just before the hold may still arrive
+            fetched.clear()
+            page.wait_for_timeout(2_500)
+            assert fetched == [], hold
+            page.evaluate(release)
+            page.wait_for_timeout(2_500)
+            assert run_url in fetched, release
+
+        refreshes_while("document.querySelector('#nav-filter').focus()", "document.activeElement.blur()")
+        refreshes_while(
+            "document.querySelector('#timeline details.pgbus-output').open = true",
+            "document.querySelector('#timeline details.pgbus-output').open = false",
+        )

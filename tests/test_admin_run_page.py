@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from pgbus_workflows import Workflow, step
+from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.admin_run_chart import attempt_parts
 from pgbus_workflows.admin_run_page import PAGE_ROWS, REFRESH_SECONDS
 from pgbus_workflows.models import WorkflowEvent, WorkflowSignal, WorkflowStep
@@ -91,6 +91,22 @@ class PageWaits(Workflow):
     @step(wait_for="approved")
     def approve(self):
         pass
+
+
+class CarrierBusy(ConnectionError):
+    """The carrier's API asked us to come back later."""
+
+
+class PageBacksOff(Workflow):
+    """Its step fails once and is reattempted a minute later."""
+
+    name = "page_backs_off"
+    exception_policies = [OnException(CarrierBusy, action="reattempt", wait=timedelta(minutes=1))]
+
+    @step
+    def book(self):
+        if self.attempt == 1:
+            raise CarrierBusy("try again in a minute")
 
 
 @pytest.fixture
@@ -225,10 +241,22 @@ def test_the_parts_of_an_attempt_show_its_delay_its_wait_and_its_runs():
     assert [start for _kind, start, _end in parts] == sorted(start for _kind, start, _end in parts)
 
 
-def test_the_page_of_an_ongoing_run_refreshes_itself_and_a_finished_ones_does_not(operator_client):
+def test_a_reattempt_is_delayed_by_its_backoff_after_the_failed_attempt():
+    wf = PageBacksOff.start()
+    helpers.perform_next_step(wf)
+    failed, again = WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk")
+    assert (failed.status, again.attempt) == ("failed", 2)
+    now = timezone.now()
+    [(kind, start, end)] = attempt_parts(again, now)
+    assert kind == "delayed" and end == again.scheduled_at and end - start >= timedelta(seconds=59)
+    assert start >= failed.finished_at - timedelta(seconds=1)  # the gap after the failure is the backoff
+
+
+def test_the_page_of_an_ongoing_run_refreshes_itself_every_5_seconds_and_a_finished_ones_does_not(operator_client):
     ongoing = PageWaits.start()
     html = operator_client.get(run_page(ongoing)).content.decode()
-    assert f'id="pgbus-live" class="pgbus-muted" data-seconds="{REFRESH_SECONDS}"' in html
+    assert REFRESH_SECONDS == 5  # the README says so
+    assert 'id="pgbus-live" class="pgbus-muted" data-seconds="5"' in html
     assert 'src="/static/pgbus_workflows/run_page.js"' in html
 
     ongoing.cancel(actor="olga", reason="not needed")

@@ -28,13 +28,13 @@ from django.utils.translation import gettext_lazy as _
 from . import clock
 from .admin_filters import FinishedWithinFilter, RunStatusFilter, StepClassFilter, StuckFilter, WorkflowClassFilter
 from .admin_operations import OPERATIONS, Operation
+from .admin_run_page import run_page_context
 from .admin_views import (
     bulk_operation,
     change_url,
     dashboard_context,
     operation_view,
     pretty_json,
-    run_page_context,
     status_badge,
     subject_link,
 )

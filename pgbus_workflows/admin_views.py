@@ -3,7 +3,7 @@
 - ``operation_view()``: the form behind a button on the run page; ``bulk_operation()``: a
   changelist action with its confirmation page. Both call the public verbs (through
   ``admin_forms.perform``) with ``actor`` = the admin user's username.
-- ``run_page_context()``: the run page's buttons, timeline of attempts, events and signals.
+- ``may_view()`` and the formatting helpers the run page (``admin_run_page``) shares.
 - ``dashboard_context()``: runs by class, status and stuck reason, dispatchers, last hour.
 """
 
@@ -31,14 +31,12 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from . import clock
 from .admin_forms import ReasonForm
-from .admin_operations import OPERATIONS, Operation, allowed_verbs, perform
+from .admin_operations import OPERATIONS, Operation, perform
 from .conf import settings
 from .exceptions import WorkflowError
-from .models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from .services.fanout import progress
-from .states import ACTIVE_STEP, RunStatus, StepStatus
+from .models import Dispatcher, WorkflowRun, WorkflowStep
+from .states import RunStatus, StepStatus
 from .sweep import STUCK_REASONS, gauge
 
 if TYPE_CHECKING:
@@ -213,7 +211,7 @@ def operation_view(modeladmin: WorkflowRunAdmin, request: HttpRequest, object_id
     return TemplateResponse(request, "admin/pgbus_workflows/workflowrun/operation.html", context)
 
 
-# -- the run page ----------------------------------------------------------------------------------
+# -- shared with the run page --------------------------------------------------------------------
 
 
 def may_view(site: AdminSite, request: HttpRequest, model: type[Model]) -> bool:
@@ -222,54 +220,6 @@ def may_view(site: AdminSite, request: HttpRequest, model: type[Model]) -> bool:
         return bool(site.get_model_admin(model).has_view_permission(request))
     except NotRegistered:
         return False
-
-
-def run_page_context(modeladmin: WorkflowRunAdmin, request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
-    """The run page below its fields: buttons, timeline of attempts, events, signals.
-
-    The attempts (their outputs and tracebacks), the events and the signals (their payloads)
-    are shown only to users who may view those rows; None tells the template to leave them out.
-    """
-    site = modeladmin.admin_site
-    steps = list(run.steps.order_by("pk"))
-    active = next((s for s in steps if s.status in ACTIVE_STEP), None)
-    allowed = allowed_verbs(run, active, clock.now())
-    buttons = [
-        (op, reverse(f"{site.name}:pgbus_workflows_workflowrun_{op.verb}", args=[quote(run.pk)]))
-        for op in OPERATIONS.values()
-        if op.verb in allowed and modeladmin.may_operate(request, op, run)
-    ]
-    context: dict[str, Any] = {"operation_buttons": buttons, "timeline": None, "events": None, "signals": None}
-    if may_view(site, request, WorkflowStep):
-        context["timeline"] = [_timeline_row(site, step) for step in steps]
-    if may_view(site, request, WorkflowEvent):
-        context["events"] = [
-            (e, change_url(site.name, "workflowevent", e.pk), pretty_json(e.details)) for e in run.events.order_by("pk")
-        ]
-    if may_view(site, request, WorkflowSignal):
-        context["signals"] = [
-            (s, change_url(site.name, "workflowsignal", s.pk), status_badge(s.status), pretty_json(s.payload))
-            for s in run.signals.order_by("pk")
-        ]
-    return {
-        **context,
-        "steps_url": changelist_url(site.name, "workflowstep", run__id__exact=run.pk),
-        "events_url": changelist_url(site.name, "workflowevent", run__id__exact=run.pk),
-        "signals_url": changelist_url(site.name, "workflowsignal", run__id__exact=run.pk),
-    }
-
-
-def _timeline_row(site: AdminSite, step: WorkflowStep) -> dict[str, Any]:
-    return {
-        "step": step,
-        "url": change_url(site.name, "workflowstep", step.pk),
-        "status": status_badge(step.status, step.get_status_display()),
-        "duration": format_duration(step.finished_at - step.started_at) if step.started_at and step.finished_at else "",
-        "output": None if step.output is None else pretty_json(step.output),
-        "fan_out": None
-        if step.fan_out_total is None
-        else {**progress(step), "url": changelist_url(site.name, "fanoutjob", step__id__exact=step.pk)},
-    }
 
 
 # -- the dashboard ---------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 ``list`` and ``show`` read; ``pause``, ``resume`` (``--at STEP``), ``cancel``, ``rerun``,
 ``run-now``, ``skip`` and ``signal`` call the admin's verbs on one or more runs, each
-reporting done or refused (exit 1 if any was refused). ``--json`` prints one JSON document.
+reporting done or refused (exit 1 if any was refused). ``schedules list|pause|resume|fire-now``
+does the same for schedules (:mod:`pgbus_workflows.management.schedules`). ``--json`` prints one
+JSON document.
 Who acts and what they may do: :mod:`pgbus_workflows.management.operating`.
 """
 
@@ -38,6 +40,7 @@ from ..runs import (
     signal_row,
     with_latest_attempt,
 )
+from ..schedules import SCHEDULE_VERBS, ScheduleCommands, add_schedule_commands
 from ..terminal import RUN_COLUMNS, run_page, table, to_json
 from .run_workflow_dispatcher import positive_int
 
@@ -118,6 +121,7 @@ class Command(BaseCommand):
             if name == "resume":
                 sub.add_argument("--at", metavar="STEP", help="resume at this step, now (needs the skip permission)")
             sub.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="workflow ids (or their first 8+ characters)")
+        add_schedule_commands(commands, output, acting)
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the subcommand; a database without the migrations is one line, not a traceback."""
@@ -126,6 +130,8 @@ class Command(BaseCommand):
                 self.list_runs(options)
             elif options["subcommand"] == "show":
                 self.show_run(options)
+            elif options["subcommand"] == "schedules":
+                self.schedule_command(options)
             else:
                 self.operate(VERBS[options["subcommand"]], options)
         except DatabaseError as error:
@@ -228,6 +234,28 @@ class Command(BaseCommand):
                 self.report(result)
         if refused:
             raise CommandError(f"{len(refused)} of {len(results)} runs refused")
+
+    def schedule_command(self, options: dict[str, Any]) -> None:
+        """``schedules list``, or a verb on each schedule given, reported as the run verbs report."""
+        commands = ScheduleCommands(self.operator(options))
+        if options["schedule_command"] == "list":
+            self.stdout.write(commands.list_lines(options["classes"], options["json"]))
+            return
+        verb = SCHEDULE_VERBS[options["schedule_command"]]
+        results = commands.operate(verb, options["schedules"], options["reason"] or None)
+        if options["json"]:
+            self.stdout.write(to_json([result.as_dict() for result in results]))
+        refused = [result for result in results if not result.ok]
+        if len(results) == 1 and refused:
+            raise CommandError(f"{refused[0].schedule}: {refused[0].message}")
+        if not options["json"]:
+            for result in results:
+                if result.ok:
+                    self.stdout.write(f"{result.schedule}  {result.message}")
+                else:
+                    self.stderr.write(f"{result.schedule}  refused: {result.message}")
+        if refused:
+            raise CommandError(f"{len(refused)} of {len(results)} schedules refused")
 
     def report(self, result: Result) -> None:
         """One run's line: what was done on stdout, a refusal on stderr."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote
-from django.db.models import Count, IntegerField, Model, OuterRef, QuerySet, Subquery, Value
+from django.db.models import Count, IntegerField, Model, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 from django.urls import reverse
@@ -28,6 +28,7 @@ from .admin_operations import OPERATIONS, allowed_verbs
 from .admin_run_chart import timeline_chart
 from .admin_views import change_url, changelist_url, format_duration, may_view, pretty_json, status_badge
 from .models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from .services.children import CHILD_PREFIX
 from .states import ACTIVE_STEP, ONGOING_RUN, JobStatus
 
 if TYPE_CHECKING:
@@ -93,12 +94,38 @@ def run_page_context(modeladmin: WorkflowRunAdmin, request: HttpRequest, run: Wo
             for s in signals
         ]
         context["signals_pager"] = _shown(pager, len(context["signals"]))
+    context["family"] = family(site.name, run) if may_view(site, request, WorkflowRun) else None
     return {
         **context,
         "refresh_seconds": REFRESH_SECONDS if run.status in ONGOING_RUN else None,
         "steps_url": changelist_url(site.name, "workflowstep", run__id__exact=run.pk),
         "events_url": changelist_url(site.name, "workflowevent", run__id__exact=run.pk),
         "signals_url": changelist_url(site.name, "workflowsignal", run__id__exact=run.pk),
+    }
+
+
+def family(site_name: str, run: WorkflowRun) -> dict[str, Any] | None:
+    """The run's parent and its first ``PAGE_ROWS`` children with their statuses (None: neither).
+
+    Children are counted by status and listed in the order they were started, through the
+    index of child runs; the rest are one link away (the runs list, filtered by parent).
+    """
+    parent = WorkflowRun.objects.filter(pk=run.parent_id).first() if run.parent_id is not None else None
+    counts = dict(WorkflowRun.objects.filter(parent_id=run.pk).values_list("status").annotate(n=Count("pk")).order_by())
+    if parent is None and not counts:
+        return None
+    children = list(WorkflowRun.objects.filter(parent_id=run.pk).order_by("pk")[:PAGE_ROWS]) if counts else []
+    total = sum(counts.values())
+    return {
+        "parent": None if parent is None else (parent, change_url(site_name, "workflowrun", parent.pk)),
+        "parent_badge": None if parent is None else status_badge(parent.status),
+        "children": [
+            (child, change_url(site_name, "workflowrun", child.pk), status_badge(child.status)) for child in children
+        ],
+        "counts": [(status_badge(status), n) for status, n in sorted(counts.items())],
+        "total": total,
+        "more": total - len(children),
+        "children_url": changelist_url(site_name, "workflowrun", parent__id__exact=run.pk),
     }
 
 
@@ -174,7 +201,9 @@ def _shown(pager: dict[str, Any], rows: int) -> dict[str, Any]:
 
 
 def fan_out_progress(page: QuerySet[WorkflowStep]) -> dict[int, dict[str, int]]:
-    """``{step id: {"succeeded", "failed", "cancelled", "pending": n}}`` for the fan-out attempts of ``page``.
+    """``{step id: {"succeeded", "failed", "cancelled", "pending", "children": n}}`` for the fan-outs of ``page``.
+
+    ``children``: how many of its members are child runs (a fan-out has jobs or children).
 
     One grouped query whatever the number of attempts: ``page`` (a sliced queryset) is its
     subquery, so it is sent even for a page without fan-out, and costs the same.
@@ -182,14 +211,17 @@ def fan_out_progress(page: QuerySet[WorkflowStep]) -> dict[int, dict[str, int]]:
     rows = (
         FanOutJob.objects.filter(step_id__in=page.values("pk"))
         .values_list("step_id", "status")
-        .annotate(n=Count("pk"))
+        .annotate(n=Count("pk"), children=Count("pk", filter=Q(function__startswith=CHILD_PREFIX)))
         .order_by()
     )
     progress: dict[int, dict[str, int]] = {}
-    for step_id, status, n in rows:
-        counts = progress.setdefault(step_id, {"succeeded": 0, "failed": 0, "cancelled": 0, "pending": 0})
+    for step_id, status, n, children in rows:
+        counts = progress.setdefault(
+            step_id, {"succeeded": 0, "failed": 0, "cancelled": 0, "pending": 0, "children": 0}
+        )
         key = "pending" if status in (JobStatus.PENDING, JobStatus.RUNNING) else status
         counts[key] += n
+        counts["children"] += children
     return progress
 
 
@@ -202,7 +234,7 @@ def _timeline_row(site_name: str, step: WorkflowStep, jobs: dict[int, dict[str, 
         duration = format_duration(step.finished_at - step.started_at)
     fan_out = None
     if step.fan_out_total is not None:
-        done = jobs.get(step.pk, {"succeeded": 0, "failed": 0, "cancelled": 0, "pending": 0})
+        done = jobs.get(step.pk, {"succeeded": 0, "failed": 0, "cancelled": 0, "pending": 0, "children": 0})
         url = changelist_url(site_name, "fanoutjob", step__id__exact=step.pk)
         fan_out = {**done, "total": step.fan_out_total, "url": url}
     return {

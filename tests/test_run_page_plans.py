@@ -65,4 +65,6 @@ def test_the_run_page_reads_its_run_s_rows_by_index_on_every_page(client, django
     for prefix in ("pgbus_workflows_workflowsignal_run_id", "pgbus_workflows_fanoutjob_step_id"):
         assert any(name.startswith(prefix) for name in used), (prefix, used)
     counts = [sql for sql, _nodes in plans if "COUNT(" in sql.upper()]
-    assert counts and all('."run_id" = ' in sql for sql in counts), counts
+    # Each count is within the run (its rows), or of its children (child workflows, by the children's index).
+    assert counts and all('."run_id" = ' in sql or '."parent_id" = ' in sql for sql in counts), counts
+    assert "pgbus_wf_run_children" in used, used

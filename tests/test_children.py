@@ -78,6 +78,23 @@ class Keyed(Workflow):
         return [Child(Waiter, idempotency_key=self.arguments["key"], n=0)]
 
 
+class Stepless(Workflow):
+    """A child class with no steps: its run finishes as it starts."""
+
+    name = "children_stepless"
+    allow_multiple = True
+
+
+class OfStepless(Workflow):
+    """A parent of two Stepless children."""
+
+    name = "children_of_stepless"
+
+    @fan_out
+    def spawn(self):
+        return [Child(Stepless, n=0), Child(Stepless, n=1)]
+
+
 class Mixed(Workflow):
     """A fan-out that returns a Job and a Child: refused."""
 
@@ -247,6 +264,14 @@ class StartingChildren(WorkflowTestMixin, TestCase):
         later = timezone.now() + wf_settings.STALL_THRESHOLD + timedelta(seconds=1)
         self.assertEqual(resolve_lost_fan_outs(later), 1)
         self.assertWorkflowStatus(wf, "ready")
+
+    def test_children_of_a_class_without_steps_finish_as_they_start(self):
+        wf = self.perform_next_step(OfStepless.start())
+        self.assertEqual([c.status for c in wf.children], ["finished", "finished"])
+        self.assertEqual(events_of(wf, "fan_out_started")[0].details, {"children": 2, "ended": 2})
+        self.assertEqual(set(FanOutJob.objects.values_list("status", flat=True)), {"succeeded"})
+        self.complete_fan_out(wf)
+        self.assertWorkflowStatus(wf, "finished")
 
     def test_max_child_depth_defaults_to_ten(self):
         self.assertEqual(wf_settings.MAX_CHILD_DEPTH, 10)

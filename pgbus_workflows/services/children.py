@@ -99,10 +99,15 @@ def open_children(ledger: RunLedger, step: WorkflowStep, children: list[ChildSta
 def _reattach(ledger: RunLedger, job: FanOutJob, existing: WorkflowRun) -> int:
     """A child this step started before (a reattempt): its job is now ``job``; 1 when it has ended."""
     child = rows.lock(WorkflowRun, {"id": existing.pk})  # parent first, then child: the order a cancel takes
-    if child is None or child.parent_id != ledger.run.pk:
+    if (
+        child is None
+        or child.parent_id != ledger.run.pk
+        or _step_of(child.parent_job_id) not in (None, job.step.step_name)
+    ):
         raise ChildConflict(
             f"idempotency_key {existing.idempotency_key!r} of {existing.workflow_class} is taken by run "
-            f"{existing.workflow_id}, which is not a child of {ledger.run.workflow_id}: use a key per child"
+            f"{existing.workflow_id}, which is not a child of step {job.step.step_name} of {ledger.run.workflow_id}: "
+            "use a key per child"
         )
     WorkflowRun.objects.filter(pk=child.pk).update(parent_job_id=job.pk)
     if child.parent_job_id is not None:  # its job in the earlier attempt no longer stands for it
@@ -119,6 +124,12 @@ def _reattach(ledger: RunLedger, job: FanOutJob, existing: WorkflowRun) -> int:
         fields.update(status=JobStatus.FAILED, error=f"Child run {child.workflow_id} was cancelled")
     FanOutJob.objects.filter(pk=job.pk).update(**fields)
     return 1
+
+
+def _step_of(job_pk: int | None) -> str | None:
+    """The step name of the fan-out job ``job_pk`` (None when there is none)."""
+    names = FanOutJob.objects.filter(pk=job_pk).values_list("step__step_name", flat=True) if job_pk else []
+    return next(iter(names), None)
 
 
 def check_depth(parent: WorkflowRun) -> None:

@@ -74,6 +74,8 @@ class WorkflowRun(models.Model):
         db_index=False,
     )
     scheduled_for = models.DateTimeField(_("scheduled for"), null=True, blank=True)
+    #: The caller's trace context at ``start()`` (``tracing.carrier``), restored around each attempt.
+    trace_context = models.JSONField(_("trace context"), null=True, blank=True, editable=False)
 
     objects = WorkflowRunQuerySet.as_manager()
 

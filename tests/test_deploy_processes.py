@@ -132,7 +132,7 @@ def test_before_migrate_the_dispatcher_and_start_say_run_migrate_in_one_line(emp
     assert dispatcher.stdout.strip() == ""
     assert dispatcher.stderr.strip().splitlines() == [
         "The database lacks pgbus_workflows migrations (pgbus_workflows.0001_initial, "
-        "pgbus_workflows.0002_lean_indexes, pgbus_workflows.0003_workers_alive_and_job_stalls and 3 more): "
+        "pgbus_workflows.0002_lean_indexes, pgbus_workflows.0003_workers_alive_and_job_stalls and 4 more): "
         "run `python manage.py migrate`"
     ]
     started = django_run(empty_database, "-c", START)
@@ -146,5 +146,5 @@ def test_before_migrate_the_dispatcher_and_start_say_run_migrate_in_one_line(emp
     assert dispatcher.returncode == 1
     assert dispatcher.stderr.strip() == (
         "The database lacks pgbus_workflows migrations (pgbus_workflows.0005_dispatcher_catalog, "
-        "pgbus_workflows.0006_schedules): run `python manage.py migrate`"
+        "pgbus_workflows.0006_schedules, pgbus_workflows.0007_trace_context): run `python manage.py migrate`"
     )

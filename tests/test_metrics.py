@@ -12,27 +12,13 @@ from datetime import timedelta
 import pytest
 from django.test import TestCase, override_settings
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pgbus_workflows import clock, metrics
 from pgbus_workflows.models import Dispatcher
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.exposition import samples, value
 from tests.procs import ROOT, database_url
 from tests.testapp.workflows import Counted, FailsFirst, Slow
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``{(sample name, sorted labels): value}`` of an exposition text."""
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(table, name: str, **labels: str) -> float:
-    """One sample of ``samples()``'s table; 0 when the series does not exist yet."""
-    return table.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def django_env() -> dict[str, str]:

@@ -11,10 +11,12 @@ from datetime import timedelta
 
 import pytest
 from django.test import TestCase, override_settings
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, generate_latest
 
 from pgbus_workflows import clock, metrics
-from pgbus_workflows.models import Dispatcher
+from pgbus_workflows.models import Dispatcher, WorkflowStep
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.sweep import stall_overdue_steps
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.exposition import samples, value
 from tests.procs import ROOT, database_url
@@ -85,17 +87,22 @@ class MetricsViewTests(TestCase):
         self.assertTrue(response["Content-Type"].startswith("application/openmetrics-text"))
         self.assertTrue(response.content.decode().endswith("# EOF\n"))
 
-    def test_does_no_access_check_of_its_own_and_refuses_writes(self):
+    def test_does_no_access_check_of_its_own_and_answers_only_get_and_head(self):
         self.client.logout()
         self.scrape()
+        self.assertEqual(self.client.head("/metrics/").status_code, 200)
         self.assertEqual(self.client.post("/metrics/").status_code, 405)
+        self.assertEqual(self.client.put("/metrics/").status_code, 405)
 
     def test_the_collector_queries_only_when_collected(self):
-        registry = CollectorRegistry()  # auto_describe, as prometheus_client's default registry
+        collector = metrics.DatabaseCollector()
         with self.assertNumQueries(0):
-            registry.register(metrics.DatabaseCollector())
-        Counted.start()
-        table = samples(generate_latest(registry).decode())
+            REGISTRY.register(collector)  # prometheus_client's default registry describes what it registers
+        try:
+            Counted.start()
+            table = samples(generate_latest(REGISTRY).decode())
+        finally:
+            REGISTRY.unregister(collector)
         self.assertEqual(value(table, "pgbus_workflows_runs", workflow_class="counted", status="ready"), 1)
 
 
@@ -131,6 +138,41 @@ class ProcessCounterTests(WorkflowTestMixin, TestCase):
         labels = {"workflow_class": "counted", "step": "first", "outcome": "success"}
         name = "pgbus_workflows_attempts_total"
         self.assertEqual(value(after, name, **labels) - value(before, name, **labels), 1)
+
+    def test_the_process_registry_never_queries_the_database(self):
+        with self.captureOnCommitCallbacks(execute=True):
+            self.speedrun_workflow(Counted.start())
+        with self.assertNumQueries(0):
+            text = generate_latest(REGISTRY).decode()
+        self.assertIn("pgbus_workflows_attempts_total{", text)
+
+    def test_the_process_that_sweeps_counts_the_attempts_the_sweep_stalls(self):
+        wf = Counted.start()
+        claim_due_steps(1, claimed_by="gone")
+        WorkflowStep.objects.filter(run=wf.record).update(stall_at=clock.now() - timedelta(seconds=1))
+        before = process_samples()
+        with self.captureOnCommitCallbacks(execute=True):
+            self.assertEqual(stall_overdue_steps(clock.now()), 1)
+        after = process_samples()
+        labels = {"workflow_class": "counted", "step": "first", "outcome": "stalled"}
+        name = "pgbus_workflows_attempts_total"
+        self.assertEqual(value(after, name, **labels) - value(before, name, **labels), 1)
+
+    def test_an_attempt_ended_before_it_started_counts_without_a_duration(self):
+        wf = Counted.start()
+        before = process_samples()
+        with self.captureOnCommitCallbacks(execute=True):
+            wf.cancel("not needed")
+        after = process_samples()
+        labels = {"workflow_class": "counted", "step": "first"}
+        attempts = "pgbus_workflows_attempts_total"
+        self.assertEqual(
+            value(after, attempts, outcome="cancelled", **labels)
+            - value(before, attempts, outcome="cancelled", **labels),
+            1,
+        )
+        durations = "pgbus_workflows_step_duration_seconds_count"
+        self.assertEqual(value(after, durations, **labels), value(before, durations, **labels))
 
     def test_step_durations_from_the_claim_to_the_end(self):
         before = process_samples()

@@ -37,7 +37,7 @@ def test_the_dispatcher_serves_the_attempts_it_ended(dispatchers):
     for _ in range(3):
         Counted.start()
     FailsFirst.start()
-    process = dispatchers("--metrics-port", str(port), "--metrics-address", "127.0.0.1")
+    process = dispatchers("--metrics-port", str(port))
     for name in ("first", "second", "third"):
         eventually(
             lambda name=name: attempts(port, workflow_class="counted", step=name, outcome="success") == 3,
@@ -52,7 +52,7 @@ def test_the_dispatcher_serves_the_attempts_it_ended(dispatchers):
     assert not any(name.startswith(("pgbus_workflows_runs", "pgbus_workflows_dispatcher")) for name in names)
     assert "process_cpu_seconds_total" in names  # prometheus_client's own process metrics come along
     assert WorkflowRun.objects.filter(status="finished").count() == 3
-    assert "Serving metrics on 127.0.0.1:" in process.output()
+    assert f"Serving metrics on 0.0.0.0:{port}" in process.output()  # every interface unless --metrics-address
 
 
 def test_a_taken_port_stops_the_dispatcher_with_one_line(dispatchers):

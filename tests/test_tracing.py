@@ -17,11 +17,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from pgbus_workflows import Workflow, step
-from pgbus_workflows.models import WorkflowRun
+from pgbus_workflows import Workflow, step, tracing
+from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import ROOT, database_url
-from tests.testapp.workflows import Counted, FailsFirst
+from tests.testapp.workflows import Approval, Counted, FailsFirst
 
 EXPORTER = InMemorySpanExporter()
 
@@ -103,6 +103,24 @@ class AttemptSpanTests(WorkflowTestMixin, TestCase):
         self.assertEqual(after.name, "fails_first.after")
         self.assertEqual(len({span.context.trace_id for span in (failed, retried, after)}), 1)
 
+    def test_an_attempt_that_parks_for_a_signal_has_no_outcome(self):
+        wf = Approval.start()
+        self.perform_next_step(wf)
+        self.assertEqual(wf.reload().status, "waiting")
+        [parked] = attempt_spans()
+        self.assertEqual(parked.attributes["pgbus_workflows.outcome"], tracing.NO_OUTCOME)
+        self.deliver_signal(wf, "approved", {"ok": True})
+        woken = attempt_spans()[1]
+        self.assertEqual((woken.name, woken.attributes["pgbus_workflows.outcome"]), ("approval.approve", "success"))
+
+    def test_the_span_covers_the_guards_and_the_body_and_the_outcome_is_written_after(self):
+        wf = Counted.start()
+        self.perform_next_step(wf)
+        [span] = attempt_spans()
+        attempt = WorkflowStep.objects.get(run_id=wf.record.pk, step_name="first")
+        self.assertLessEqual(attempt.started_at.timestamp() * 1e9, span.start_time)
+        self.assertLessEqual(span.end_time, attempt.finished_at.timestamp() * 1e9)
+
     def test_the_body_s_own_spans_are_children_of_the_attempt(self):
         self.speedrun_workflow(Nested.start())
         [inner] = [span for span in EXPORTER.get_finished_spans() if span.name == "http call"]
@@ -150,9 +168,9 @@ def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp
 
 
 @pytest.mark.django_db(transaction=True)
-def test_without_opentelemetry_runs_start_and_run_and_save_no_context():
+def test_without_either_extra_runs_start_and_run_and_save_no_context():
     script = (
-        "import sys; sys.modules['opentelemetry'] = None\n"  # as if it were not installed
+        "import sys; sys.modules['opentelemetry'] = sys.modules['prometheus_client'] = None\n"  # not installed
         "import django; django.setup()\n"
         "from pgbus_workflows import tracing\n"
         "from pgbus_workflows.services.executor import run_due_steps\n"

@@ -12,7 +12,7 @@ measures every mode once, in a new order), so the machine's drift falls on all o
 
 Each cell is the median over the rounds of the mean seconds a call, by the wall clock and by
 this process's CPU clock (the hooks cost CPU; the wall clock adds the database's noise);
-the ratios are to ``off``.
+the ratios are to ``off``. The last rows time the two hooks alone, without the database.
 """
 
 from __future__ import annotations
@@ -87,7 +87,28 @@ def measure(calls: int, rounds: int) -> dict[tuple[str, str], dict[str, float]]:
                     wall, cpu, count = timed(work)
                     seconds[(call, "wall")][name].append(wall / count)
                     seconds[(call, "cpu")][name].append(cpu / count)
+    hooks(sdk, seconds, rounds)
     return {key: {m: statistics.median(v) for m, v in cells.items()} for key, cells in seconds.items()}
+
+
+def hooks(sdk: Any, seconds: dict[tuple[str, str], dict[str, list[float]]], rounds: int, calls: int = 20_000) -> None:
+    """The hooks alone, without the database: ``carrier()`` and ``traced_attempt()`` around nothing."""
+    from pgbus_workflows import tracing
+    from pgbus_workflows.models import WorkflowStep
+
+    step = WorkflowStep.objects.select_related("run").order_by("pk").first()
+    assert step is not None
+    for call in ("carrier()", "traced_attempt()"):
+        seconds[(call, "cpu")] = {m: [] for m in MODES}
+    for _ in range(rounds):
+        for name in random.sample(MODES, len(MODES)):
+            with mode(name, sdk):
+                for call, work in (
+                    ("carrier()", tracing.carrier),
+                    ("traced_attempt()", lambda: tracing.traced_attempt(step, lambda: None)),
+                ):
+                    _, cpu, _ = timed(lambda work=work: [work() for _ in range(calls)])
+                    seconds[(call, "cpu")][name].append(cpu / calls)
 
 
 def main() -> None:
@@ -106,7 +127,7 @@ def main() -> None:
     for (call, clock), cells in figures.items():
         off, idle, on = (cells[m] for m in MODES)
         print(
-            f"| {call} | {clock} | {off * 1e6:.0f} | {idle * 1e6:.0f} | {on * 1e6:.0f} "
+            f"| {call} | {clock} | {off * 1e6:.1f} | {idle * 1e6:.1f} | {on * 1e6:.1f} "
             f"| {idle / off:.3f} | {on / off:.3f} |"
         )
 

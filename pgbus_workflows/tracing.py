@@ -20,6 +20,9 @@ try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
+
+    #: A proxy until a provider is set, then that provider's tracer (getting one costs more than a span).
+    _tracer = trace.get_tracer("pgbus_workflows")
 except ImportError:  # the extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
@@ -28,8 +31,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: The instrumentation scope of the spans.
-TRACER_NAME = "pgbus_workflows"
 #: The outcome attribute of an attempt that ended without an outcome of its own: it parked
 #: for a signal, it was no longer in progress, or an ``atomic=True`` body stalled.
 NO_OUTCOME = "none"
@@ -79,8 +80,7 @@ def traced_attempt(step: WorkflowStep, perform: Callable[[], T]) -> T:
         "pgbus_workflows.step": step.step_name,
         "pgbus_workflows.attempt": step.attempt,
     }
-    tracer = trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _tracer.start_as_current_span(
         f"{run.workflow_class}.{step.step_name}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
     ) as span:
         done = perform()

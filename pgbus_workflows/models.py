@@ -102,6 +102,8 @@ class WorkflowRun(models.Model):
     depth = models.PositiveSmallIntegerField(_("depth"), default=0, db_default=0)
     #: Set by ``result()``: the transaction that ends the run then NOTIFYs (no NOTIFY for other runs).
     awaited = models.BooleanField(_("awaited"), default=False, db_default=False)
+    #: The caller's trace context at ``start()`` (``tracing.carrier``), restored around each attempt.
+    trace_context = models.JSONField(_("trace context"), null=True, blank=True, editable=False)
 
     objects = WorkflowRunQuerySet.as_manager()
 

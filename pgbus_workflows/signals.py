@@ -5,6 +5,7 @@ Every receiver gets ``sender`` (the workflow class name) and keyword arguments:
 - ``workflow_started``: ``workflow_id``, ``subject_type``, ``subject_id``
 - ``workflow_transitioned``: ``workflow_id``, ``transition``, ``from_status``, ``to_status``, ``actor``
 - ``step_finished``: ``workflow_id``, ``step_name``, ``attempt``, ``status``, ``outcome``, ``error_class``
+  and ``duration`` (seconds from the claim to the end; None for an attempt that never started)
 - ``signal_received``, ``wait_timed_out``: ``workflow_id`` and the signal or step names
 - ``workflow_gauge``: ``statuses`` and ``stuck`` (lists of counts), sent by the sweep
 - ``sweep_finished``: ``summary`` (a dict of counts per sweep phase)

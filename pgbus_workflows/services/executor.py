@@ -9,8 +9,10 @@ lock. A dispatcher worker does the same in two halves: ``perform_step`` for each
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from .. import tracing
 from ..context import StepContext
 from ..exceptions import StepNotDefined
 from ..models import WorkflowStep
@@ -70,6 +72,11 @@ def perform_step(
     """
     if verify and not _still_in_progress(step):
         return None  # cancelled (or stalled) between the claim and now: nothing runs
+    return tracing.traced_attempt(step, partial(_attempt, step, chain))
+
+
+def _attempt(step: WorkflowStep, chain: Chain | None) -> tuple[WorkflowStep, StepOutcome] | StepOutcome | None:
+    """The guards and the body of a claimed attempt known to be in progress (:func:`perform_step`)."""
     run = step.run
     cls = workflow_class(run)
     workflow = cls(run)

@@ -180,6 +180,7 @@ class RunLedger:
                 status=target,
                 outcome=step.outcome,
                 error_class=step.error_class,
+                duration=(self.now - step.started_at).total_seconds() if step.started_at else None,
             )
         if self.writes is None:
             rows.update(step, ["status", *fields])

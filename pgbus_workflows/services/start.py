@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, OperationalError, ProgrammingError, transaction
 from django.db.models import Model
 
-from .. import bulk, clock, rows, signals, sql
+from .. import bulk, clock, rows, signals, sql, tracing
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
@@ -106,6 +106,7 @@ def _new_run(
         status_changed_at=now,
         schedule_id=tick[0] if tick else None,
         scheduled_for=tick[1] if tick else None,
+        trace_context=tracing.carrier(),
         **(lineage or {}),
     )
 

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...dispatcher import WorkflowDispatcher
 from ...exceptions import NotMigrated
@@ -35,6 +35,14 @@ def non_negative_seconds(value: str) -> float:
     if seconds < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
     return seconds
+
+
+def port_number(value: str) -> int:
+    """argparse type: a TCP port, 1 to 65535."""
+    number = positive_int(value)
+    if number > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {number}")
+    return number
 
 
 def queue_name(value: str) -> str:
@@ -65,6 +73,18 @@ class Command(BaseCommand):
             handler = logging.StreamHandler(self.stdout)
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(message)s"))
             logger.addHandler(handler)
+
+    def serve_metrics(self, port: int, address: str) -> None:
+        """Start the metrics endpoint, or stop with one clear line (the extra missing, the port taken)."""
+        try:
+            from ... import metrics
+        except ImportError as error:
+            raise CommandError(str(error)) from None
+        try:
+            metrics.serve(port, address)
+        except OSError as error:
+            raise CommandError(f"--metrics-port {port}: cannot listen on {address}:{port}: {error.strerror}") from None
+        logging.getLogger("pgbus_workflows").info("Serving metrics on %s:%s", address, port)
 
     def add_arguments(self, parser: CommandParser) -> None:
         """Declare the flags; every value is validated here, not deep in the loop."""
@@ -99,10 +119,24 @@ class Command(BaseCommand):
             metavar="S",
             help="seconds to let running steps finish after SIGTERM (30)",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            metavar="N",
+            help="serve this process's Prometheus metrics on port N (needs pgbus-workflows[prometheus])",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default="0.0.0.0",  # noqa: S104 - the scraper is usually on another host
+            metavar="HOST",
+            help="the address --metrics-port listens on (0.0.0.0: every interface)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Configure logging from --verbosity and run the dispatcher."""
         self.configure_logging(options["verbosity"])
+        if options["metrics_port"] is not None:
+            self.serve_metrics(options["metrics_port"], options["metrics_address"])
         dispatcher = WorkflowDispatcher(
             concurrency=options["concurrency"],
             queues=options["queues"],

@@ -1,0 +1,7 @@
+"""The URL configuration the README shows for the metrics view (tests/test_metrics.py)."""
+
+from django.urls import path
+
+import pgbus_workflows.metrics
+
+urlpatterns = [path("metrics/", pgbus_workflows.metrics.metrics_view)]

@@ -72,7 +72,8 @@ def test_a_body_that_heartbeats_outlives_the_stall_threshold():
 
 @override_settings(PGBUS_WORKFLOWS=SHORT)
 def test_without_heartbeats_the_same_body_is_stalled_and_its_outcome_discarded():
-    wf = Beats.start(beats=5, every=0.3, heartbeat=False)
+    # 2.4 s of body against a 0.6 s threshold: a sweep stalls it even on a loaded machine.
+    wf = Beats.start(beats=8, every=0.3, heartbeat=False)
 
     run_while_sweeping(wf)
 
@@ -85,7 +86,8 @@ def test_without_heartbeats_the_same_body_is_stalled_and_its_outcome_discarded()
 
 @override_settings(PGBUS_WORKFLOWS=SHORT)
 def test_heartbeat_says_false_once_the_attempt_was_cancelled():
-    wf = Beats.start(beats=4, every=0.2, heartbeat=True)
+    # Ten beats: however loaded the machine, the cancel lands while the body still beats.
+    wf = Beats.start(beats=10, every=0.2, heartbeat=True)
 
     def cancel_after_the_first_beat():
         if SideEffect.objects.exists() and wf.reload().status != "cancelled":

@@ -114,6 +114,19 @@ class AttemptSpanTests(WorkflowTestMixin, TestCase):
             )
             self.assertEqual(span.status.status_code, StatusCode.UNSET)
 
+    def test_children_join_their_parent_s_trace(self):
+        from tests.testapp.child_workflows import Many
+
+        with TRACER.start_as_current_span("request") as request:
+            wf = Many.start(count=2)
+        self.perform_next_step(wf)
+        self.complete_fan_out(wf)
+        caller = request.get_span_context()
+        children = [span for span in attempt_spans() if span.name == "slow_child.nap"]
+        self.assertEqual(len(children), 2)
+        self.assertEqual({span.context.trace_id for span in children}, {caller.trace_id})
+        self.assertEqual({span.parent.span_id for span in children}, {caller.span_id})
+
     def test_a_failed_attempt_has_error_status_and_its_exception(self):
         with TRACER.start_as_current_span("request"):
             wf = FailsFirst.start()

@@ -84,6 +84,7 @@ def open_children(ledger: RunLedger, step: WorkflowStep, children: list[ChildSta
                 "parent_job_id": jobs[i].pk,
                 "parent_close": children[i].parent_close,
                 "depth": ledger.run.depth + 1,
+                "trace_context": ledger.run.trace_context,
             }
             for i in indexes
         ]

@@ -106,8 +106,8 @@ def _new_run(
         status_changed_at=now,
         schedule_id=tick[0] if tick else None,
         scheduled_for=tick[1] if tick else None,
-        trace_context=tracing.carrier(),
-        **(lineage or {}),
+        # A child joins its parent's trace (its park runs outside any span); a top run its caller's.
+        **{"trace_context": tracing.carrier(), **(lineage or {})},
     )
 
 

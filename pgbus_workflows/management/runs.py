@@ -18,6 +18,7 @@ from typing import Any
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from .. import clock
+from ..counting import distinct_values
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.fanout import progress
 from ..states import SignalStatus
@@ -62,15 +63,7 @@ def find_run(runs: QuerySet[WorkflowRun], text: str) -> WorkflowRun:
 
 def stored_classes() -> list[str]:
     """Every workflow class that has runs, one index probe per class (a loose scan of the class index)."""
-    names: list[str] = []
-    while True:
-        rows = WorkflowRun.objects.order_by("workflow_class")
-        if names:
-            rows = rows.filter(workflow_class__gt=names[-1])
-        name = rows.values_list("workflow_class", flat=True).first()
-        if name is None:
-            return names
-        names.append(name)
+    return distinct_values(WorkflowRun, "workflow_class")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""What the admin shows when a table is large: "about N" counts, pages past them, no costly sort.
+
+The runs are written in SQL (``generate_series``), then analyzed, as a year of history would
+be; the admin is fetched as a superuser through Django's test client.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db import connection
+from django.urls import reverse
+
+from pgbus_workflows import clock
+from pgbus_workflows.counting import EXACT_UP_TO, distinct_values, estimated_count
+from pgbus_workflows.models import WorkflowRun, WorkflowStep
+from pgbus_workflows.sweep import GAUGE_EXACT_UP_TO, gauge
+from tests.test_cli import paused_on_error, ready
+
+pytestmark = pytest.mark.django_db
+
+RUNS = WorkflowRun._meta.db_table
+
+
+def fill(count: int, klass: str = "history", status: str = "finished") -> None:
+    """``count`` runs of ``klass`` in ``status``, then fresh statistics."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO {RUNS} (workflow_id, workflow_class, status, current_step, arguments, allow_multiple,
+                  paused_reason, created_at, started_at, finished_at, status_changed_at)
+                SELECT gen_random_uuid(), %s, %s, 'c', '{{}}', true, '', now(), now(), now(), now()
+                FROM generate_series(1, %s)""",
+            [klass, status, count],
+        )
+        cursor.execute(f"ANALYZE {RUNS}")
+
+
+def changelist(query: str = "") -> str:
+    return reverse("admin:pgbus_workflows_workflowrun_changelist") + query
+
+
+def count_line(html: str) -> str:
+    return re.search(r'<span class="pgbus-count">(.*?)</span>', html, re.S).group(1).strip()
+
+
+def test_a_small_list_is_counted_exactly(admin_client):
+    for _ in range(3):
+        ready()
+    response = admin_client.get(changelist())
+    assert count_line(response.content.decode()) == "3 workflow runs"
+    assert response.context["cl"].paginator.estimated is False
+
+
+def test_a_large_list_says_about_the_planners_estimate(admin_client):
+    fill(5000)
+    response = admin_client.get(changelist())
+    cl = response.context["cl"]
+    assert cl.paginator.estimated is True
+    assert 4000 <= cl.result_count <= 6000  # the planner's estimate of 5,000 rows
+    assert count_line(response.content.decode()) == f"about {cl.result_count} workflow runs"
+    assert "Select all (about" in response.content.decode()
+    # A filtered list that is small again is exact.
+    wf = paused_on_error()
+    filtered = admin_client.get(changelist("?status=paused"))
+    assert count_line(filtered.content.decode()) == "1 workflow run"
+    assert [run.pk for run in filtered.context["cl"].result_list] == [wf.record.pk]
+
+
+def test_pages_past_a_low_estimate_are_still_served(admin_client):
+    fill(6000)
+    response = admin_client.get(changelist("?p=200"))  # past any estimate: an empty page, not an error
+    assert response.status_code == 200
+    assert list(response.context["cl"].result_list) == []
+    last = admin_client.get(changelist("?p=120"))  # 6,000 runs / 50 a page: the last full page
+    assert len(last.context["cl"].result_list) == 50
+    assert admin_client.get(changelist("?p=0")).status_code == 302  # Django's ?e=1 for a bad page
+
+
+def test_estimated_count_is_exact_up_to_its_bound_and_never_below_what_it_counted():
+    fill(EXACT_UP_TO)
+    assert estimated_count(WorkflowRun.objects.order_by("-pk")) == (EXACT_UP_TO, False)
+    fill(1, klass="other")
+    count, estimated = estimated_count(WorkflowRun.objects.order_by("-pk"))
+    assert estimated is True and count >= EXACT_UP_TO + 1
+
+
+def test_unindexed_columns_are_not_sortable_even_by_url(admin_client):
+    fill(10)
+    response = admin_client.get(changelist("?o=4"))  # the status column
+    assert response.status_code == 200
+    cl = response.context["cl"]
+    assert cl.get_ordering_field_columns() == {}
+    assert '"status"' not in str(cl.queryset.query).split("ORDER BY")[1]
+    html = response.content.decode()
+    header = html.split('id="result_list"')[1].split("</thead>")[0]
+    assert header.count('class="sortable') == 1  # the run's id only (its unique index orders it)
+
+
+def test_class_choices_come_from_the_registry_and_the_class_index(admin_client):
+    fill(3, klass="retired_class")  # runs of a class the code no longer has
+    assert distinct_values(WorkflowRun, "workflow_class") == ["retired_class"]
+    html = admin_client.get(changelist()).content.decode()
+    assert "?workflow_class=retired_class" in html and "?workflow_class=three_steps" in html
+
+
+def test_the_gauge_estimates_a_class_and_status_above_its_bound_and_the_dashboard_says_about(admin_client):
+    fill(GAUGE_EXACT_UP_TO + 2000, klass="busy")
+    paused_on_error()
+    counts = {(r["workflow_class"], r["status"]): r["count"] for r in gauge(clock.now())["statuses"]}
+    assert 0.8 * (GAUGE_EXACT_UP_TO + 2000) <= counts[("busy", "finished")]
+    assert counts[("busy", "finished")] > GAUGE_EXACT_UP_TO
+    assert counts[("fails_first", "paused")] == 1 and counts[("busy", "paused")] == 0
+    html = admin_client.get(reverse("admin:pgbus_workflows_workflowrun_dashboard")).content.decode()
+    assert f"about {counts[('busy', 'finished')]}</a>" in html
+    assert ">1</a>" in html  # the paused run, counted exactly
+
+
+def test_a_bulk_action_over_a_large_selection_says_about_how_many(admin_client):
+    fill(3000, status="ready")
+    first = WorkflowRun.objects.order_by("pk").first()
+    response = admin_client.post(
+        changelist(), {"action": "pause_runs", "select_across": "1", "index": "0", ACTION_CHECKBOX_NAME: [first.pk]}
+    )
+    assert response.status_code == 200
+    assert "and about" in response.content.decode()
+
+
+def test_lists_search_runs_by_workflow_id_only(admin_client):
+    wf = paused_on_error()
+    step = WorkflowStep.objects.get(run=wf.record)
+    steps = reverse("admin:pgbus_workflows_workflowstep_changelist")
+    found = admin_client.get(steps, {"q": str(wf.workflow_id)[:8]}).context["cl"].result_list
+    assert [s.pk for s in found] == [step.pk]
+    assert list(admin_client.get(steps, {"q": "flaky"}).context["cl"].result_list) == []
+    assert "A workflow id, or its first 8 hex digits or more." in admin_client.get(steps).content.decode()

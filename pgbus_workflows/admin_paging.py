@@ -26,14 +26,23 @@ from django.utils.translation import gettext_lazy as _
 from .counting import EXACT_UP_TO, estimated_count
 
 
+#: How deep (in pages) an estimated list goes: the page at this depth walks ``per_page`` x
+#: this many index entries (5,000 with 50 a page), never the whole table.
+DEEPEST_PAGE = 100
+
+
 class EstimatedCountPaginator(Paginator):
     """A paginator whose count is exact when small and the planner's estimate when large.
 
     ``estimated`` says which; an estimated count does not cut a page short or refuse a
-    page number past it (the estimate may be low), an empty page past the end is empty.
+    page number past it (the estimate may be low): a page past the end is empty. A page
+    is read with ``OFFSET``, which walks every row before it, so an estimated list goes
+    ``deepest_page`` pages deep at most (a filter or a search narrows it further) and its
+    page links stop there: no link to the millionth row.
     """
 
     exact_up_to = EXACT_UP_TO
+    deepest_page = DEEPEST_PAGE
 
     @cached_property
     def _counted(self) -> tuple[int, bool]:
@@ -58,7 +67,27 @@ class EstimatedCountPaginator(Paginator):
             raise PageNotAnInteger(_("That page number is not an integer")) from None
         if page < 1:
             raise EmptyPage(_("That page number is less than 1"))
+        if page > self.deepest_page:
+            raise EmptyPage(_("That page is too deep: narrow the list with a filter or a search"))
         return page
+
+    def get_elided_page_range(self, number: Any = 1, *, on_each_side: int = 3, on_ends: int = 2) -> Any:
+        """Django's page links; for an estimated count, the first pages and those around
+        ``number``, up to ``deepest_page`` (the estimate's last pages are not offered)."""
+        if not self.estimated:
+            yield from super().get_elided_page_range(number, on_each_side=on_each_side, on_ends=on_ends)
+            return
+        number = self.validate_number(number)
+        last = min(self.num_pages, self.deepest_page)
+        shown = {*range(1, on_ends + 1), *range(number - on_each_side, number + on_each_side + 1)}
+        previous = 0
+        for page in sorted(p for p in shown if 1 <= p <= last):
+            if page > previous + 1:
+                yield self.ELLIPSIS
+            yield page
+            previous = page
+        if previous < last:
+            yield self.ELLIPSIS
 
     def page(self, number: Any) -> Page:
         if not self.estimated:

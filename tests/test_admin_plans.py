@@ -213,3 +213,9 @@ def test_the_gauge_reads_the_runs_through_indexes(history):
     counts = {(row["workflow_class"], row["status"]): row["count"] for row in data["statuses"]}
     assert counts[("history_1", "finished")] == HISTORY // 5
     assert counts[("fails_first", "paused")] == 1
+
+
+def test_the_dashboards_last_hour_is_read_off_the_finished_at_index(admin_client, history):
+    _response, queries = fetch(admin_client, reverse("admin:pgbus_workflows_workflowrun_dashboard"))
+    used = {n.get("Index Name") for sql, nodes in explained(queries) if "finished_at" in sql for n in nodes}
+    assert "pgbus_wf_step_finished" in used

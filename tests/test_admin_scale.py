@@ -154,3 +154,18 @@ def test_lists_search_runs_by_workflow_id_only(admin_client):
     assert [s.pk for s in found] == [step.pk]
     assert list(admin_client.get(steps, {"q": "flaky"}).context["cl"].result_list) == []
     assert "A workflow id, or its first 8 hex digits or more." in admin_client.get(steps).content.decode()
+
+
+def test_the_lists_filter_by_indexed_choices_only(admin_client):
+    paused_on_error()
+
+    def sidebar(model: str) -> str:
+        html = admin_client.get(reverse(f"admin:pgbus_workflows_{model}_changelist")).content.decode()
+        return html.split('id="changelist-filter"')[1]
+
+    steps, events = sidebar("workflowstep"), sidebar("workflowevent")
+    assert "?status__exact=failed" in steps and "?finished_within=1h" in steps and "?workflow_class=" in steps
+    assert "?queue=" not in steps and "?outcome__exact=" not in steps
+    assert "?kind=step_failed" in events and "?kind=paused" in events
+    assert "?kind=step_started" not in events and "?actor=" not in events  # routine kinds, free values
+    assert "?name=" not in sidebar("workflowsignal") and "?function=" not in sidebar("fanoutjob")

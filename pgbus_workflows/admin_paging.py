@@ -25,7 +25,6 @@ from django.utils.translation import gettext_lazy as _
 
 from .counting import EXACT_UP_TO, estimated_count
 
-
 #: How deep (in pages) an estimated list goes: the page at this depth walks ``per_page`` x
 #: this many index entries (5,000 with 50 a page), never the whole table.
 DEEPEST_PAGE = 100

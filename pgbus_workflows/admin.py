@@ -44,8 +44,8 @@ from .admin_views import (
     status_badge,
     subject_link,
 )
-from .counting import distinct_values
 from .models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from .sql.counting import distinct_values
 
 # -- shared ---------------------------------------------------------------------------------------
 

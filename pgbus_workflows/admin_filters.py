@@ -17,9 +17,9 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from . import clock
-from .counting import distinct_values
 from .models import NOTABLE_EVENT_KINDS, WorkflowRun
 from .registry import registry
+from .sql.counting import distinct_values
 from .states import RunStatus
 from .sweep import STUCK_REASONS, stuck_querysets
 
@@ -62,7 +62,7 @@ class RunStatusFilter(admin.SimpleListFilter):
             return queryset
         # Status is the second column of the (class, status) index: naming every stored class
         # keeps every row and lets the planner reach a rare status through that index.
-        classes = distinct_values(WorkflowRun, "workflow_class", queryset.db)
+        classes = distinct_values(WorkflowRun, "workflow_class")
         return queryset.filter(status=self.value(), workflow_class__in=classes)
 
 
@@ -81,7 +81,7 @@ class StuckFilter(admin.SimpleListFilter):
             return queryset
         if reason not in STUCK_REASONS:
             raise IncorrectLookupParameters(f"Unknown stuck reason {reason!r}")
-        classes = distinct_values(WorkflowRun, "workflow_class", queryset.db)
+        classes = distinct_values(WorkflowRun, "workflow_class")
         return queryset.filter(pk__in=stuck_querysets(clock.now(), classes)[reason].values("pk"))
 
 

@@ -2,7 +2,7 @@
 
 Django's changelist counts its rows twice (the filtered list and the whole table) with
 ``COUNT(*)``, which reads every row. Here the filtered count is exact up to
-``counting.EXACT_UP_TO`` (counted in the page's own order, so the index the page walks
+``sql.counting.EXACT_UP_TO`` (counted in the page's own order, so the index the page walks
 serves it) and the planner's estimate above it, shown as "about N"; the whole table is
 not counted (``show_full_result_count = False``). Facet counts (``?_facets``) would count
 every filter choice and are never shown. Sorting is offered on indexed columns only, and
@@ -23,7 +23,7 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .counting import EXACT_UP_TO, estimated_count
+from .sql.counting import EXACT_UP_TO, estimated_count
 
 #: How deep (in pages) an estimated list goes: the page at this depth walks ``per_page`` x
 #: this many index entries (5,000 with 50 a page), never the whole table.

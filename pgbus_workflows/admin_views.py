@@ -35,10 +35,10 @@ from . import clock
 from .admin_forms import ReasonForm
 from .admin_operations import OPERATIONS, Operation, allowed_verbs, perform
 from .conf import settings
-from .counting import estimated_count
 from .exceptions import WorkflowError
 from .models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from .services.fanout import progress
+from .sql.counting import estimated_count
 from .states import ACTIVE_STEP, RunStatus, StepStatus
 from .sweep import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
 

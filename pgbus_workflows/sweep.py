@@ -44,7 +44,6 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 
 from . import clock, signals, sql
 from .conf import settings
-from .counting import distinct_values, planner_estimate
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
 from .services.claims import stall
@@ -53,6 +52,7 @@ from .services.fanout import recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
 from .services.waiting import expire_due_waits
 from .session import TransactionLock
+from .sql.counting import bounded_pair_counts, distinct_values, planner_estimate
 from .states import TERMINAL_RUN, RunStatus, StepStatus
 
 logger = logging.getLogger("pgbus_workflows")
@@ -152,15 +152,7 @@ def status_counts(classes: Sequence[str] | None = None) -> dict[tuple[str, str],
         rows = WorkflowRun.objects.values_list("workflow_class", "status").annotate(n=Count("pk")).order_by()
         return {(klass, status): n for klass, status, n in rows}
     classes = distinct_values(WorkflowRun, "workflow_class") if classes is None else list(classes)
-    table = WorkflowRun._meta.db_table
-    with sql.cursor() as cursor:
-        cursor.execute(
-            f"SELECT c.k, s.v, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} r "  # noqa: S608 - table from metadata
-            "WHERE r.workflow_class = c.k AND r.status = s.v LIMIT %s) AS bounded) "
-            "FROM unnest(%s::text[]) AS c(k) CROSS JOIN unnest(%s::text[]) AS s(v)",
-            [GAUGE_EXACT_UP_TO + 1, classes, list(RunStatus.values)],
-        )
-        counted = {(klass, status): n for klass, status, n in cursor.fetchall() if n}
+    counted = bounded_pair_counts(WorkflowRun, (classes, list(RunStatus.values)), GAUGE_EXACT_UP_TO)
     for (klass, status), n in counted.items():
         if n > GAUGE_EXACT_UP_TO:
             estimate = planner_estimate(WorkflowRun.objects.filter(workflow_class=klass, status=status))

@@ -18,9 +18,9 @@ from typing import Any
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from .. import clock
-from ..counting import distinct_values
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.fanout import progress
+from ..sql.counting import distinct_values
 from ..states import SignalStatus
 from ..sweep import STUCK_REASONS, stuck_querysets
 

@@ -8,15 +8,13 @@ each behind its own permission (``WorkflowRun.Meta.permissions``). The dashboard
 
 from __future__ import annotations
 
-import re
 from functools import partial
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
-from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model, OuterRef, QuerySet, Subquery
+from django.db.models import Model, OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -26,8 +24,16 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from . import clock
-from .admin_filters import FinishedWithinFilter, RunStatusFilter, StepClassFilter, StuckFilter, WorkflowClassFilter
+from .admin_filters import (
+    EventKindFilter,
+    FinishedWithinFilter,
+    RunStatusFilter,
+    StepClassFilter,
+    StuckFilter,
+    WorkflowClassFilter,
+)
 from .admin_operations import OPERATIONS, Operation
+from .admin_paging import ScaledChangeList, workflow_id_range
 from .admin_run_page import run_page_context
 from .admin_views import (
     bulk_operation,
@@ -39,15 +45,16 @@ from .admin_views import (
     subject_link,
 )
 from .models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-
-#: A search term that may be the start of a workflow id (hex digits and dashes, 8 or more).
-UUID_START = re.compile(r"[0-9a-fA-F-]{8,36}")
+from .sql.counting import distinct_values
 
 # -- shared ---------------------------------------------------------------------------------------
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Engine rows are written by the services only: nobody adds, edits or deletes them here."""
+class ReadOnlyAdmin(ScaledChangeList):
+    """Engine rows are written by the services only: nobody adds, edits or deletes them here.
+
+    Their lists count, sort and search through indexes only (``admin_paging``).
+    """
 
     class Media:
         css = {"all": ("pgbus_workflows/admin.css",)}
@@ -101,8 +108,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     )
     list_display_links = ("short_id",)
     list_filter = (WorkflowClassFilter, RunStatusFilter, StuckFilter)
-    search_fields = ("^workflow_id", "=subject_id", "idempotency_key")
-    date_hierarchy = "created_at"
+    search_fields = ("workflow_id", "subject_id", "idempotency_key")
+    search_help_text = _("A workflow id (or its first 8 hex digits or more), a subject id, or an idempotency key.")
+    sortable_by = ("short_id",)
     list_per_page = 50
     actions = ["pause_runs", "resume_runs", "cancel_runs", "rerun_runs", "run_now_runs", "skip_runs"]
     fieldsets = (
@@ -114,14 +122,16 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     )
     readonly_fields = RUN_READONLY
 
-    def get_search_fields(self, request: HttpRequest) -> list[str]:
-        # Any short id is part of many UUIDs: workflow ids are searched only for a term that
-        # looks like the start of one (the 8 characters the list shows, or more), so that
-        # searching "42" finds subject 42 rather than every run whose id contains "42".
-        bits = request.GET.get(SEARCH_VAR, "").split()
-        if bits and all(UUID_START.fullmatch(bit) for bit in bits):
-            return ["^workflow_id", "=subject_id", "idempotency_key"]
-        return ["=subject_id", "idempotency_key"]
+    def search_condition(self, term: str) -> Q:
+        """Runs whose workflow id begins with ``term``, or whose subject id or idempotency key is it.
+
+        Exact, not ``icontains``: each part is served by an index, the subject id and the key
+        by naming every stored subject type and class (the first columns of their indexes).
+        """
+        found = Q(subject_id=term, subject_type__in=distinct_values(WorkflowRun, "subject_type"))
+        found |= Q(idempotency_key=term, workflow_class__in=distinct_values(WorkflowRun, "workflow_class"))
+        id_range = workflow_id_range(term)
+        return found | Q(workflow_id__range=id_range) if id_range else found
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         # A schedule's page links to its runs (no sidebar filter: there may be thousands of schedules).
@@ -135,7 +145,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     # columns
 
-    @admin.display(description=_("run"), ordering="workflow_id")
+    @admin.display(description=_("run"), ordering="workflow_id")  # the unique index orders it
     def short_id(self, run: WorkflowRun) -> SafeString:
         return format_html('<span title="{}">{}</span>', run.workflow_id, str(run.workflow_id)[:8])
 
@@ -303,8 +313,9 @@ class WorkflowStepAdmin(ReadOnlyAdmin):
         "finished_at",
         "error_class",
     )
-    list_filter = (StepClassFilter, "status", "outcome", FinishedWithinFilter, "queue")
-    search_fields = ("=run__workflow_id", "step_name", "error_class")
+    list_filter = (StepClassFilter, "status", FinishedWithinFilter)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
     list_select_related = ("run",)
     readonly_fields = ("output_json", "traceback_text")
     exclude = ("output", "traceback")
@@ -327,8 +338,9 @@ class WorkflowEventAdmin(ReadOnlyAdmin):
     """The audit trail: every transition and every operator verb, with its actor and reason."""
 
     list_display = ("id", "created_at", "run_link", "kind", "actor", "reason", "from_status", "to_status")
-    list_filter = ("kind", "actor")
-    search_fields = ("=run__workflow_id", "actor", "reason")
+    list_filter = (EventKindFilter,)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
     list_select_related = ("run",)
     readonly_fields = ("details_json",)
     exclude = ("details",)
@@ -343,8 +355,9 @@ class WorkflowSignalAdmin(ReadOnlyAdmin):
     """Signals delivered to runs, pending until a step consumes them."""
 
     list_display = ("id", "received_at", "run_link", "name", "coloured_status", "actor", "idempotency_key")
-    list_filter = ("status", "name")
-    search_fields = ("=run__workflow_id", "name", "idempotency_key")
+    list_filter = ("status",)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
     list_select_related = ("run",)
     readonly_fields = ("payload_json",)
     exclude = ("payload",)
@@ -370,8 +383,9 @@ class FanOutJobAdmin(ReadOnlyAdmin):
     """Fan-out jobs; a run's timeline links here filtered by step (``?step__id__exact=``)."""
 
     list_display = ("id", "run_link", "step", "index", "function", "coloured_status", "attempts", "finished_at")
-    list_filter = ("status", "function")
-    search_fields = ("=run__workflow_id", "function")
+    list_filter = ("status",)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
     list_select_related = ("run", "step")
     readonly_fields = ("arguments_json", "result_json")
     exclude = ("arguments", "result")

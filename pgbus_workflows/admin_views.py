@@ -36,8 +36,9 @@ from .admin_operations import OPERATIONS, Operation, perform
 from .conf import settings
 from .exceptions import WorkflowError
 from .models import Dispatcher, WorkflowRun, WorkflowStep
+from .sql.counting import estimated_count
 from .states import RunStatus, StepStatus
-from .sweep import STUCK_REASONS, gauge
+from .sweep import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
 
 if TYPE_CHECKING:
     from django.contrib.admin import AdminSite
@@ -143,6 +144,7 @@ def bulk_operation(
         modeladmin.message_user(request, _report(op, done, refused), messages.WARNING if refused else messages.SUCCESS)
         return None
     shown = list(queryset.order_by("pk")[:50])
+    selected, estimated = estimated_count(queryset.order_by("pk"))  # no COUNT(*) over a million selected runs
     context = {
         **modeladmin.admin_site.each_context(request),
         "media": modeladmin.media,
@@ -151,7 +153,8 @@ def bulk_operation(
         "operation": op,
         "form": form,
         "runs": [(run, run_url(modeladmin.admin_site.name, run)) for run in shown],
-        "more": max(queryset.count() - len(shown), 0),
+        "more": max(selected - len(shown), 0),
+        "more_estimated": estimated,
         "action": f"{verb}_runs",
         "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
         "select_across": request.POST.get("select_across", "0"),
@@ -265,7 +268,8 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
         klass = row["workflow_class"]
         entry = by_class.setdefault(klass, {"workflow_class": klass, "statuses": [], "stuck": [], "total": 0})
         url = runs(workflow_class=klass, status=row["status"])
-        entry["statuses"].append({"key": row["status"], "count": row["count"], "url": url})
+        estimated = row["count"] > GAUGE_EXACT_UP_TO  # the gauge's estimate, said as "about N"
+        entry["statuses"].append({"key": row["status"], "count": row["count"], "url": url, "estimated": estimated})
         entry["total"] += row["count"]
     for row in data["stuck"]:
         entry = by_class[row["workflow_class"]]
@@ -276,7 +280,12 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
         entry["stuck_total"] = sum(cell["count"] for cell in entry["stuck"])
         entry["url"] = runs(workflow_class=entry["workflow_class"])
     totals = [
-        {"key": s, "count": sum(r["statuses"][i]["count"] for r in rows), "url": runs(status=s)}
+        {
+            "key": s,
+            "count": sum(r["statuses"][i]["count"] for r in rows),
+            "url": runs(status=s),
+            "estimated": any(r["statuses"][i]["estimated"] for r in rows),
+        }
         for i, s in enumerate(RunStatus.values)
     ]
     stuck_totals = [

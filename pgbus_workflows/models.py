@@ -25,6 +25,25 @@ from .states import (
     StepStatus,
 )
 
+#: Attempts that ended other than completed: rare next to completed ones, so a partial index
+#: on them serves the steps list's status filter (a completed attempt is found by walking the ids).
+UNSUCCESSFUL_STEP = (StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED)
+#: The event kinds an operator looks for (the verbs, failures, stalls, timeouts, skips): the
+#: events list filters by them through a partial index that routine kinds (a step started or
+#: completed, a run finished) never enter, so the index costs the hot path nothing.
+NOTABLE_EVENT_KINDS = (
+    "cancelled",
+    "paused",
+    "resumed",
+    "resumed_at",
+    "step_failed",
+    "step_reattempted",
+    "step_skipped",
+    "step_stalled",
+    "step_timed_out",
+    "sweep_failed",
+)
+
 
 class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
     """Domain queries over runs."""
@@ -239,6 +258,11 @@ class WorkflowStep(models.Model):
             ),
             models.Index(fields=["timeout_at"], condition=Q(status=StepStatus.WAITING), name="pgbus_wf_step_waiting"),
             models.Index(fields=["run", "step_name"], name="pgbus_wf_step_run_name"),
+            # The dashboard's "last hour" and the steps list's "finished within" filter.
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False), name="pgbus_wf_step_finished"),
+            models.Index(
+                fields=["id"], condition=Q(status__in=sorted(UNSUCCESSFUL_STEP)), name="pgbus_wf_step_unsuccessful"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -268,7 +292,12 @@ class WorkflowEvent(models.Model):
         verbose_name = _("workflow event")
         verbose_name_plural = _("workflow events")
         ordering = ("id",)
-        indexes = [models.Index(fields=["run", "id"], name="pgbus_wf_event_run")]
+        indexes = [
+            models.Index(fields=["run", "id"], name="pgbus_wf_event_run"),
+            models.Index(
+                fields=["kind", "id"], condition=Q(kind__in=NOTABLE_EVENT_KINDS), name="pgbus_wf_event_notable"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} by {self.actor or 'system'}"
@@ -309,7 +338,11 @@ class WorkflowSignal(models.Model):
                 name="pgbus_wf_signal_unique_key",
             )
         ]
-        indexes = [models.Index(fields=["run", "name", "status"], name="pgbus_wf_signal_pending")]
+        indexes = [
+            models.Index(fields=["run", "name", "status"], name="pgbus_wf_signal_pending"),
+            # The signals list's "pending" filter: consumed signals never enter it.
+            models.Index(fields=["id"], condition=Q(status=SignalStatus.PENDING), name="pgbus_wf_signal_unconsumed"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
@@ -341,6 +374,8 @@ class Dispatcher(models.Model):
 
 
 UNFINISHED_JOB = (JobStatus.PENDING, JobStatus.RUNNING)
+#: Jobs that ended other than succeeded (the jobs list's status filter walks a partial index of them).
+UNSUCCESSFUL_JOB = (JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class FanOutJob(models.Model):
@@ -387,6 +422,9 @@ class FanOutJob(models.Model):
             # "Is any job of this step unfinished?" stops at the first entry: no count over 10,000 rows.
             models.Index(fields=["step"], condition=Q(status__in=UNFINISHED_JOB), name="pgbus_wf_job_unfinished"),
             models.Index(fields=["stall_at"], condition=Q(status=JobStatus.RUNNING), name="pgbus_wf_job_running"),
+            models.Index(
+                fields=["id"], condition=Q(status__in=sorted(UNSUCCESSFUL_JOB)), name="pgbus_wf_job_unsuccessful"
+            ),
         ]
 
     def __str__(self) -> str:

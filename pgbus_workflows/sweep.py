@@ -21,7 +21,8 @@ is logged and retried next time without stopping the others):
   runs older than ``RETENTION`` are deleted in batches of 500, at most ten batches a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
-  every registered class, sent as the ``workflow_gauge`` Django signal.
+  every registered class, sent as the ``workflow_gauge`` Django signal; read through
+  indexes only, a count above ``GAUGE_EXACT_UP_TO`` being the planner's estimate.
 
 Every move is re-checked under the run's lock: the step may have finished since the query.
 No phase waits for a lock: a run another transaction holds (an ``atomic=True`` body, an
@@ -33,7 +34,7 @@ dispatcher runs the sweep on a thread of its own, so it never delays claims or h
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -51,6 +52,7 @@ from .services.fanout import recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
 from .services.waiting import expire_due_waits
 from .session import TransactionLock
+from .sql.counting import bounded_pair_counts, distinct_values, planner_estimate
 from .states import TERMINAL_RUN, RunStatus, StepStatus
 
 logger = logging.getLogger("pgbus_workflows")
@@ -63,6 +65,9 @@ CLEANUP_BATCHES = 10
 #: lock on a connection of its own (``session.TransactionLock``), right behind PgBouncer too.
 SWEEP_LOCK_KEY = 0x7067627573
 STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error")
+#: Up to this many runs of one class in one status the gauge counts exactly; above, it
+#: reports the planner's estimate (the dashboard says "about").
+GAUGE_EXACT_UP_TO = 10_000
 
 
 def stall_dead_dispatchers(now: datetime, failures: RowFailures | None = None) -> int:
@@ -135,23 +140,42 @@ def _delete_runs(ids: list[int]) -> None:
         cursor.execute(sql.statement("delete_runs"), [ids, sorted(TERMINAL_RUN)])
 
 
-def status_counts() -> dict[tuple[str, str], int]:
-    """``{(class, status): runs}`` over every run."""
-    rows = WorkflowRun.objects.values_list("workflow_class", "status").annotate(n=Count("pk")).order_by()
-    return {(klass, status): n for klass, status, n in rows}
+def status_counts(classes: Sequence[str] | None = None) -> dict[tuple[str, str], int]:
+    """``{(class, status): runs}`` over every run: exact up to ``GAUGE_EXACT_UP_TO``, estimated above.
+
+    On PostgreSQL each (class, status) pair is counted in the (class, status) index and the
+    count stops at ``GAUGE_EXACT_UP_TO + 1`` (one statement for every pair); a pair above
+    that is the planner's estimate, so a count above ``GAUGE_EXACT_UP_TO`` is an estimate
+    and the gauge's cost does not grow with the history.
+    """
+    if not sql.postgresql():
+        rows = WorkflowRun.objects.values_list("workflow_class", "status").annotate(n=Count("pk")).order_by()
+        return {(klass, status): n for klass, status, n in rows}
+    classes = distinct_values(WorkflowRun, "workflow_class") if classes is None else list(classes)
+    counted = bounded_pair_counts(WorkflowRun, (classes, list(RunStatus.values)), GAUGE_EXACT_UP_TO)
+    for (klass, status), n in counted.items():
+        if n > GAUGE_EXACT_UP_TO:
+            estimate = planner_estimate(WorkflowRun.objects.filter(workflow_class=klass, status=status))
+            counted[(klass, status)] = max(estimate, n)
+    return counted
 
 
-def stuck_querysets(now: datetime) -> dict[str, Any]:
-    """One queryset of runs per stuck reason (the gauge counts them; the admin filters by them)."""
+def stuck_querysets(now: datetime, classes: Sequence[str] | None = None) -> dict[str, Any]:
+    """One queryset of runs per stuck reason (the gauge counts them; the admin filters by them).
+
+    ``classes``: the runs' classes (every stored class, or fewer), which lets the planner reach
+    paused runs through the (class, status) index instead of reading every run.
+    """
     threshold = settings.STALL_THRESHOLD
     steps = WorkflowStep.objects.filter(run_id=OuterRef("pk"))
+    runs = WorkflowRun.objects.all() if classes is None else WorkflowRun.objects.filter(workflow_class__in=classes)
     return {
-        "stalled": WorkflowRun.objects.filter(Exists(steps.filter(status=StepStatus.IN_PROGRESS, stall_at__lt=now))),
-        "overdue": WorkflowRun.objects.filter(
+        "stalled": runs.filter(Exists(steps.filter(status=StepStatus.IN_PROGRESS, stall_at__lt=now))),
+        "overdue": runs.filter(
             Exists(steps.filter(status=StepStatus.SCHEDULED, scheduled_at__lt=now - threshold)),
             status=RunStatus.READY,
         ),
-        "waiting_overdue": WorkflowRun.objects.filter(
+        "waiting_overdue": runs.filter(
             Exists(
                 steps.filter(
                     status=StepStatus.WAITING,
@@ -161,24 +185,30 @@ def stuck_querysets(now: datetime) -> dict[str, Any]:
             ),
             status=RunStatus.WAITING,
         ),
-        "paused_on_error": WorkflowRun.objects.filter(status=RunStatus.PAUSED)
+        "paused_on_error": runs.filter(status=RunStatus.PAUSED)
         .annotate(last_step_status=Subquery(steps.order_by("-pk").values("status")[:1]))
         .filter(last_step_status=StepStatus.FAILED),
     }
 
 
-def stuck_counts(now: datetime) -> dict[tuple[str, str], int]:
-    """``{(class, reason): runs}`` for every stuck reason."""
+def stuck_counts(now: datetime, classes: Sequence[str] | None = None) -> dict[tuple[str, str], int]:
+    """``{(class, reason): runs}`` for every stuck reason (``classes``: as ``stuck_querysets``)."""
     counts: dict[tuple[str, str], int] = {}
-    for reason, queryset in stuck_querysets(now).items():
+    for reason, queryset in stuck_querysets(now, classes).items():
         for klass, n in queryset.values_list("workflow_class").annotate(n=Count("pk")).order_by():
             counts[(klass, reason)] = n
     return counts
 
 
 def gauge(now: datetime) -> dict[str, list[dict[str, Any]]]:
-    """The gauge payload: every class x every status and every stuck reason, zero-filled."""
-    statuses, stuck = status_counts(), stuck_counts(now)
+    """The gauge payload: every class x every status and every stuck reason, zero-filled.
+
+    Read through indexes only (the class index's values one probe each, bounded counts in
+    the (class, status) index, the steps' partial indexes): a count above
+    ``GAUGE_EXACT_UP_TO`` is the planner's estimate.
+    """
+    stored = distinct_values(WorkflowRun, "workflow_class") if sql.postgresql() else None
+    statuses, stuck = status_counts(stored), stuck_counts(now, stored)
     classes = sorted({k for k, _ in statuses} | {k for k, _ in stuck} | {c.name for c in registry.classes()})
     return {
         "statuses": _zero_filled(classes, RunStatus.values, statuses, "status"),

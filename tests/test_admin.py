@@ -242,15 +242,17 @@ def test_changelist_searches_workflow_id_subject_id_and_idempotency_key(operator
     assert shown_runs(get(changelist(), {"q": str(first.workflow_id)})) == {first.record.pk}
     assert shown_runs(get(changelist(), {"q": str(second.workflow_id)[:13]})) == {second.record.pk}
     assert shown_runs(get(changelist(), {"q": second.record.subject_id})) == {second.record.pk}
-    assert shown_runs(get(changelist(), {"q": "invoice-2024"})) == {first.record.pk}
+    assert shown_runs(get(changelist(), {"q": "invoice-2024-77"})) == {first.record.pk}
+    # Keys and subject ids are matched whole (an index serves that; a substring reads every run).
+    assert shown_runs(get(changelist(), {"q": "invoice-2024"})) == set()
 
 
-def test_changelist_has_a_date_hierarchy(operator_client):
-    wf = due_run()
-    year = wf.record.created_at.year
-    response = operator_client.get(changelist(), {"created_at__year": year})
-    assert response.status_code == 200
-    assert shown_runs(response) == {wf.record.pk}
+def test_changelist_has_no_date_hierarchy(operator_client):
+    # Its year links would read every run's created_at (MIN, MAX, then DISTINCT dates).
+    due_run()
+    response = operator_client.get(changelist())
+    assert response.context["cl"].date_hierarchy is None
+    assert 'class="toplinks"' not in response.content.decode()
 
 
 def test_changelist_query_count_does_not_grow_with_the_page(

@@ -20,6 +20,7 @@ from django.db.models import Count, OuterRef, QuerySet, Subquery
 from .. import clock
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.fanout import progress
+from ..sql.counting import distinct_values
 from ..states import SignalStatus
 from ..sweep import STUCK_REASONS, stuck_querysets
 
@@ -62,15 +63,7 @@ def find_run(runs: QuerySet[WorkflowRun], text: str) -> WorkflowRun:
 
 def stored_classes() -> list[str]:
     """Every workflow class that has runs, one index probe per class (a loose scan of the class index)."""
-    names: list[str] = []
-    while True:
-        rows = WorkflowRun.objects.order_by("workflow_class")
-        if names:
-            rows = rows.filter(workflow_class__gt=names[-1])
-        name = rows.values_list("workflow_class", flat=True).first()
-        if name is None:
-            return names
-        names.append(name)
+    return distinct_values(WorkflowRun, "workflow_class")
 
 
 @dataclass(frozen=True)

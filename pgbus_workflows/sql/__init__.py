@@ -5,7 +5,9 @@ The texts live in :mod:`.statements` and :mod:`.claiming`: each is built on firs
 and cached per database alias and vendor. Call :func:`statement` for a text. Run them
 through :func:`cursor` (Django's cursor) or :func:`pipeline` (several statements in one round
 trip on PostgreSQL): both are Django cursors, so execute wrappers, ``assertNumQueries``,
-``connection.queries`` and the debug toolbar see every statement.
+``connection.queries`` and the debug toolbar see every statement. :mod:`.counting` holds
+the reads that count without a scan (bounded and estimated counts, the values of an
+index's leading column), for the admin and the sweep's gauge.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ from .admin_operations import OPERATIONS, Operation, perform
 from .conf import settings
 from .exceptions import WorkflowError
 from .models import Dispatcher, WorkflowRun, WorkflowStep
-from .sql.counting import estimated_count
-from .states import RunStatus, StepStatus
+from .sql.counting import bounded_count, estimated_count
+from .states import ONGOING_RUN, RunStatus, StepStatus
 from .sweep import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
 
 if TYPE_CHECKING:
@@ -303,8 +303,25 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
         "stuck_chart": bar_chart([{**r, "total": r["stuck_total"]} for r in rows], "stuck"),
         "dispatchers": _dispatchers(now) if may_view(site, request, Dispatcher) else None,
         "recent_steps": _recent_steps(site, now),
+        "children_of_paused": _children_of_paused(data["statuses"], runs(status=RunStatus.PAUSED)),
         "now": now,
     }
+
+
+def _children_of_paused(statuses: list[dict[str, Any]], paused_url: str) -> dict[str, Any] | None:
+    """Ongoing child runs whose parent is paused (pausing a parent does not pause its children).
+
+    The paused parents through the (class, status) index, for the classes the gauge found
+    paused runs of, then their children through the children's index; counted up to
+    ``GAUGE_EXACT_UP_TO``. None when no run is paused.
+    """
+    classes = sorted({row["workflow_class"] for row in statuses if row["status"] == RunStatus.PAUSED and row["count"]})
+    if not classes:
+        return None
+    parents = WorkflowRun.objects.filter(workflow_class__in=classes, status=RunStatus.PAUSED).values("pk")
+    children = WorkflowRun.objects.filter(parent_id__in=parents, status__in=sorted(ONGOING_RUN))
+    count = bounded_count(children, GAUGE_EXACT_UP_TO)
+    return {"count": min(count, GAUGE_EXACT_UP_TO), "more": count > GAUGE_EXACT_UP_TO, "url": paused_url}
 
 
 def _dispatchers(now: datetime) -> list[dict[str, Any]]:

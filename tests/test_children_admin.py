@@ -1,6 +1,7 @@
 """Child workflows in the admin: a run's page shows its parent and its children, the fan-out counts children."""
 
 import pytest
+from django.urls import reverse
 
 from pgbus_workflows.admin_run_page import PAGE_ROWS
 from pgbus_workflows.testing import WorkflowTestMixin
@@ -52,3 +53,19 @@ def test_the_page_lists_a_page_of_children_and_says_how_many_more(viewer):
     children = viewer.get(f"/admin/pgbus_workflows/workflowrun/?parent__id__exact={parent.record.pk}")
     assert children.status_code == 200
     assert children.content.decode().count(str(parent.children[0].workflow_id)[:8]) >= 1
+
+
+def test_the_dashboard_counts_children_going_on_under_paused_parents(viewer):
+    paused = helpers.perform_next_step(Many.start(count=3))
+    helpers.speedrun_workflow(paused.children[0])  # ended: no longer counted
+    paused.pause()
+    helpers.perform_next_step(Many.start(count=2))  # its parent is not paused: not counted
+    html = viewer.get(reverse("admin:pgbus_workflows_workflowrun_dashboard")).content.decode()
+    assert "2 child runs go on under" in html
+    assert "paused parents</a>" in html
+
+
+def test_the_dashboard_says_nothing_of_children_when_no_run_is_paused(viewer):
+    helpers.perform_next_step(Many.start(count=2))
+    html = viewer.get(reverse("admin:pgbus_workflows_workflowrun_dashboard")).content.decode()
+    assert "pgbus-children-of-paused" not in html

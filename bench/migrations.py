@@ -17,6 +17,7 @@ import argparse
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from bench.common import recreate_database
@@ -32,7 +33,12 @@ MODES = [
     "ExclusiveLock",
     "AccessExclusiveLock",
 ]
-LATER = ["0002_lean_indexes", "0003_workers_alive_and_job_stalls", "0004_restore_constraints_and_on_delete"]
+#: Every migration after 0001, in order (read from the app's migrations folder).
+LATER = sorted(
+    path.stem
+    for path in (Path(__file__).resolve().parent.parent / "pgbus_workflows" / "migrations").glob("0*.py")
+    if not path.stem.startswith("0001")
+)
 
 
 def load(runs: int) -> None:

@@ -76,7 +76,9 @@ def test_an_estimated_list_pages_a_hundred_pages_deep_and_links_no_deeper(admin_
     page = admin_client.get(changelist("?p=100"))  # the deepest: 5,000 runs before it
     assert len(page.context["cl"].result_list) == 50
     html = page.content.decode()
-    assert '<span class="this-page">100</span>' in html and "?p=99" in html
+    # Django 5.2 marks the current page with a span, Django 6 with an aria-current link.
+    current = ('<span class="this-page">100</span>', '<a role="button" href="" aria-current="page">100</a>')
+    assert any(mark in html for mark in current) and "?p=99" in html
     assert "?p=101" not in html and "?p=120" not in html
     first = admin_client.get(changelist()).content.decode()
     assert "?p=2" in first and "?p=120" not in first  # the estimate's last pages are not offered

@@ -111,7 +111,7 @@ def family(site_name: str, run: WorkflowRun) -> dict[str, Any] | None:
     index of child runs; the rest are one link away (the runs list, filtered by parent).
     """
     parent = WorkflowRun.objects.filter(pk=run.parent_id).first() if run.parent_id is not None else None
-    counts = dict(WorkflowRun.objects.filter(parent_id=run.pk).values_list("status").annotate(n=Count("pk")).order_by())
+    counts = WorkflowRun.objects.filter(parent_id=run.pk).count_by_status()
     if parent is None and not counts:
         return None
     children = list(WorkflowRun.objects.filter(parent_id=run.pk).order_by("pk")[:PAGE_ROWS]) if counts else []

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 
 from .. import clock
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -153,9 +153,7 @@ def run_details(run: WorkflowRun) -> dict[str, Any]:
 
 def children_by_status(run: WorkflowRun) -> dict[str, int] | None:
     """``{status: count}`` of the runs this run's fan-outs started (None: it started none); read by index."""
-    rows = WorkflowRun.objects.filter(parent_id=run.pk).values_list("status").annotate(n=Count("pk")).order_by()
-    counts: dict[str, int] = dict(rows)
-    return counts or None
+    return WorkflowRun.objects.filter(parent_id=run.pk).count_by_status() or None
 
 
 def latest(rows: QuerySet[Any], limit: int) -> tuple[list[Any], bool]:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import clock, rows
+from .. import rows
 from ..conf import settings
 from ..exceptions import ChildConflict, ChildDepthExceeded
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
-from ..states import TERMINAL_RUN, JobStatus, RunStatus
+from ..states import TERMINAL_RUN, JobStatus
 from .ledger import RunLedger
-from .lineage import run_result
+from .lineage import END_FIELDS, child_end
 from .start import MAX_KEY_LENGTH, Checked, start_children
 
 if TYPE_CHECKING:
@@ -118,12 +118,10 @@ def _reattach(ledger: RunLedger, job: FanOutJob, existing: WorkflowRun) -> int:
     ledger.event("child_reattached", details={"child": str(child.workflow_id), "index": job.index})
     if child.status not in TERMINAL_RUN:
         return 0
-    fields: dict[str, Any] = {"finished_at": clock.now()}
-    if child.status == RunStatus.FINISHED:
-        fields.update(status=JobStatus.SUCCEEDED, result=run_result(child))
-    else:
-        fields.update(status=JobStatus.FAILED, error=f"Child run {child.workflow_id} was cancelled")
-    FanOutJob.objects.filter(pk=job.pk).update(**fields)
+    child.parent_job_id = job.pk
+    ended = child_end(child, child.status, None, None, ledger.now)  # as its end was written the first time
+    if ended is not None:
+        rows.update(ended, END_FIELDS)
     return 1
 
 

@@ -13,65 +13,21 @@ preparation, which would return them unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Field, Model
 
 from . import rows, sql
 from .sql import Statement
 
-#: ``get_db_prep_save(value, connection)`` of a field.
-Prepare = Callable[[Any, Any], Any]
-_PLAIN = (
-    models.CharField,
-    models.TextField,
-    models.IntegerField,
-    models.BooleanField,
-    models.AutoField,
-    models.BigAutoField,
-    models.DateTimeField,
-)
 #: Up to this many rows, a statement takes a parameter per value rather than an array per column.
 FEW_ROWS = 8
 #: Rows per statement on SQLite, which caps the parameters of one statement (32,766).
 SQLITE_ROWS = 500
-_preparers: dict[tuple[type[Model], str, str], Prepare | None] = {}
-_columns: dict[tuple[type[Model], str], list[tuple[str, Prepare | None]]] = {}
 _relations: dict[type[Model], list[Field[Any, Any]]] = {}
-
-
-def _preparer(model: type[Model], field: Field[Any, Any]) -> Prepare | None:
-    """What turns the attribute value of ``field`` into the value sent (``get_db_prep_save``); None: nothing."""
-    key = (model, field.attname, connection.vendor)
-    if key not in _preparers:
-        target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
-        native_duration = isinstance(target, models.DurationField) and connection.features.has_native_duration_field
-        # psycopg sends these Python values as they are; SQLite's driver wants Django's text for some.
-        plain = sql.postgresql() and (isinstance(target, _PLAIN) or native_duration)
-        _preparers[key] = None if plain else field.get_db_prep_save
-    return _preparers[key]
-
-
-def _insert_columns(model: type[Model]) -> list[tuple[str, Prepare | None]]:
-    """``(attname, preparer)`` of the columns an ``INSERT`` writes, in field order.
-
-    The attribute is read as it is: ``Field.pre_save`` returns it unchanged, as no field of
-    the app's models is ``auto_now`` (``tests/test_sql.py`` checks).
-    """
-    key = (model, connection.vendor)
-    found = _columns.get(key)
-    if found is None:
-        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-        found = _columns[key] = [(field.attname, _preparer(model, field)) for field in fields]
-    return found
-
-
-def _values(instance: Model, attname: str, prepare: Prepare | None, db: Any) -> Any:
-    value = getattr(instance, attname)
-    return value if prepare is None else prepare(value, db)
 
 
 def insert_statement(
@@ -84,16 +40,16 @@ def insert_statement(
     on the client; the arrays' statement binds on the server, :func:`sql.pipeline`).
     """
     model = type(instances[0])
-    columns = _insert_columns(model)
+    columns = rows.insert_columns(model)
     db = connections[DEFAULT_DB_ALIAS]  # resolved once: each attribute read through the proxy costs a lookup
     if len(instances) <= FEW_ROWS or not arrays or not sql.postgresql():
         text = sql.statement("insert_many", model, len(instances), returning, skip_conflicts)
-        return text, [_values(obj, attname, prepare, db) for obj in instances for attname, prepare in columns]
+        return text, [rows.prepared(obj, attname, prepare, db) for obj in instances for attname, prepare in columns]
     constants: list[Any] = []
     varying: list[list[Any]] = []
     names = []
     for attname, prepare in columns:
-        values = [_values(obj, attname, prepare, db) for obj in instances]
+        values = [rows.prepared(obj, attname, prepare, db) for obj in instances]
         first = values[0]
         # A value every row shares goes once (a JSON value is an adapter object: never shared).
         if not isinstance(first, (list, dict)) and all(value == first for value in values):
@@ -131,14 +87,14 @@ def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[S
     db = connections[DEFAULT_DB_ALIAS]
     for (model, names), instances in groups.items():
         ordered = tuple(sorted(names))
-        columns = [(field.attname, _preparer(model, field)) for field in _fields(model, ordered)]
+        columns = [(field.attname, rows.preparer(model, field)) for field in _fields(model, ordered)]
         if len(instances) <= FEW_ROWS or not sql.postgresql():
             text = sql.statement("update", model, ordered)
             for obj in instances:
-                statements.append((text, [*(_values(obj, a, p, db) for a, p in columns), obj.pk]))
+                statements.append((text, [*(rows.prepared(obj, a, p, db) for a, p in columns), obj.pk]))
             continue
         params: list[Any] = [[obj.pk for obj in instances]]
-        params += [[_values(obj, attname, prepare, db) for obj in instances] for attname, prepare in columns]
+        params += [[rows.prepared(obj, attname, prepare, db) for obj in instances] for attname, prepare in columns]
         statements.append((sql.statement("unnest_update", model, ordered), params))
     return statements
 
@@ -178,12 +134,8 @@ class WriteBatch:
         else:
             self._changes[key] = (instance, set(names))
 
-    def send(self, channel: str, *, commit: bool = False) -> None:
-        """Run every deferred write (inside the caller's transaction).
-
-        ``commit``: the transaction is the caller's own ``atomic`` block, outermost, with
-        nothing after the writes: its COMMIT goes in their round trip (PostgreSQL).
-        """
+    def send(self, channel: str) -> None:
+        """Run every deferred write (inside the caller's transaction)."""
         head = update_statements([(obj, frozenset(names)) for obj, names in self._changes.values()])
         if not sql.postgresql():
             sql.run_batch(head)
@@ -209,8 +161,6 @@ class WriteBatch:
                 cursor.execute(notify, [channel, queue])
             for workflow_id in sorted(self.ended):
                 cursor.execute(notify, [f"{channel}_ended", workflow_id])
-            if commit:
-                cursor.execute(sql.statement("commit"))
 
 
 def link(instances: Sequence[Model]) -> Sequence[Model]:

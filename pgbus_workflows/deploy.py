@@ -10,6 +10,7 @@ dispatcher can run (paused after ``UNKNOWN_STEP_GRACE``) from one that waits for
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from .exceptions import ConfigurationError
@@ -52,3 +53,14 @@ def can_run_job(path: str) -> bool:
 def catalog() -> dict[str, list[str]]:
     """``{class name: the step names its code runs}`` for every registered class (a dispatcher's row)."""
     return {cls.name: sorted(_step_names(cls)) for cls in registry.classes()}
+
+
+def catalog_json() -> str:
+    """:func:`catalog` as JSON text, made again only when the registry changes (each claim sends it)."""
+    global _catalog_json
+    if _catalog_json is None or _catalog_json[0] != registry.version:
+        _catalog_json = (registry.version, json.dumps(catalog()))
+    return _catalog_json[1]
+
+
+_catalog_json: tuple[int, str] | None = None

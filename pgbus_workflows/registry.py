@@ -37,6 +37,8 @@ class WorkflowRegistry:
         #: What a run whose class is gone loads as: ``workflow.py`` sets the bare ``Workflow``
         #: here, so the services below it never import it.
         self.fallback: type[Workflow] | None = None
+        #: Changes whenever a class is registered or forgotten (what depends on the set of classes caches by it).
+        self.version = 0
 
     def register(self, cls: type[Workflow]) -> None:
         """Register ``cls`` under ``cls.name``; a second class with that name is an error.
@@ -56,6 +58,7 @@ class WorkflowRegistry:
         if apps.ready and existing is None:
             self._late.add(cls.name)
         self._registry[cls.name] = cls
+        self.version += 1
 
     def registered_late(self, name: str) -> bool:
         """True when the class of ``name`` was defined after Django's app registry was ready."""
@@ -67,6 +70,7 @@ class WorkflowRegistry:
             raise NotRegistered(f"No workflow class is registered as {name!r}")
         del self._registry[name]
         self._late.discard(name)
+        self.version += 1
 
     def is_registered(self, name: str) -> bool:
         """True when a class is registered under ``name``."""

@@ -9,10 +9,10 @@ Everything off the hot path uses the ORM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import Field, Model
 from django.db.models.base import ModelState
 
@@ -22,8 +22,55 @@ from .sql import Statement
 M = TypeVar("M", bound=Model)
 N = TypeVar("N", bound=Model)
 _converters: dict[tuple[type[Model], str, str], list[tuple[str, Any, list[Any]]]] = {}
-_insert_fields: dict[type[Model], list[Field[Any, Any]]] = {}
 _plans: dict[type[Model], _BuildPlan] = {}
+
+
+#: ``get_db_prep_save(value, connection)`` of a field.
+Prepare = Callable[[Any, Any], Any]
+#: Fields whose ``get_db_prep_save`` returns a value psycopg sends as it is (PostgreSQL).
+_PLAIN = (
+    models.CharField,
+    models.TextField,
+    models.IntegerField,
+    models.BooleanField,
+    models.AutoField,
+    models.BigAutoField,
+    models.DateTimeField,
+)
+_preparers: dict[tuple[type[Model], str, str], Prepare | None] = {}
+_columns: dict[tuple[type[Model], str, tuple[str, ...]], list[tuple[str, Prepare | None]]] = {}
+
+
+def preparer(model: type[Model], field: Field[Any, Any]) -> Prepare | None:
+    """What turns the attribute value of ``field`` into the value sent (``get_db_prep_save``); None: nothing."""
+    key = (model, field.attname, connection.vendor)
+    if key not in _preparers:
+        target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
+        native_duration = isinstance(target, models.DurationField) and connection.features.has_native_duration_field
+        # psycopg sends these Python values as they are; SQLite's driver wants Django's text for some.
+        plain = sql.postgresql() and (isinstance(target, _PLAIN) or native_duration)
+        _preparers[key] = None if plain else field.get_db_prep_save
+    return _preparers[key]
+
+
+def insert_columns(model: type[Model], leave_out: tuple[str, ...] = ()) -> list[tuple[str, Prepare | None]]:
+    """``(attname, preparer)`` of the columns an ``INSERT`` writes, in field order, but for ``leave_out``.
+
+    The attribute is read as it is: ``Field.pre_save`` returns it unchanged, as no field of
+    the app's models is ``auto_now`` (``tests/test_sql.py`` checks).
+    """
+    key = (model, connection.vendor, leave_out)
+    found = _columns.get(key)
+    if found is None:
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key and f.attname not in leave_out]
+        found = _columns[key] = [(field.attname, preparer(model, field)) for field in fields]
+    return found
+
+
+def prepared(instance: Model, attname: str, prepare: Prepare | None, db: Any) -> Any:
+    """The value of ``instance``'s attribute as sent to the database (``get_db_prep_save``)."""
+    value = getattr(instance, attname)
+    return value if prepare is None else prepare(value, db)
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:
@@ -72,16 +119,16 @@ def insert(instance: Model, computed: dict[str, tuple[str, list[Any]]] | None = 
 def insert_run(run: Model, step: Model, event: Model, notify: tuple[str, str]) -> bool:
     """Insert a new run with its first attempt and its first event, and ``NOTIFY`` (PostgreSQL).
 
-    One statement (``sql`` ``start_run``); False, and nothing written, when a unique index
-    refuses the run. The attempt's and the event's ``run`` is the new run; keys are set.
+    One statement (``sql`` ``start_run``), bound on the server: its text is parsed once per
+    process, not per call, whatever its number of parameters. False, and nothing written,
+    when a unique index refuses the run. The attempt's and the event's ``run`` is the new
+    run; keys are set.
     """
-    params: list[Any] = []
-    for instance in (run, step, event):
-        for field in _insertable(type(instance)):
-            if instance is not run and field.attname == "run_id":
-                continue
-            params.append(field.get_db_prep_save(field.pre_save(instance, True), connection))
-    with sql.cursor() as cursor:
+    db = connections[DEFAULT_DB_ALIAS]  # resolved once: each attribute read through the proxy costs a lookup
+    params = [prepared(run, attname, prepare, db) for attname, prepare in insert_columns(type(run))]
+    for child in (step, event):
+        params += [prepared(child, a, p, db) for a, p in insert_columns(type(child), leave_out=("run_id",))]
+    with sql.bound_cursor() as cursor:
         cursor.execute(sql.statement("start_run"), [*params, *notify])
         row = cursor.fetchone()
     if row is None:
@@ -91,13 +138,6 @@ def insert_run(run: Model, step: Model, event: Model, notify: tuple[str, str]) -
     for child in (step, event):
         child.run_id = row[0]  # type: ignore[attr-defined]
     return True
-
-
-def _insertable(model: type[Model]) -> list[Field[Any, Any]]:
-    fields = _insert_fields.get(model)
-    if fields is None:
-        fields = _insert_fields[model] = [f for f in model._meta.concrete_fields if not f.primary_key]
-    return fields
 
 
 def lock(model: type[M], keys: dict[str, Any], *, skip_locked: bool = False) -> M | None:

@@ -10,12 +10,13 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from pgbus_workflows import sql
-from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps
+from pgbus_workflows import signals, sql
+from pgbus_workflows.conf import settings
+from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
 from tests.procs import DispatcherProcess, eventually
 from tests.testapp.workflows import NoOp3, Squares
@@ -38,6 +39,64 @@ def test_the_claim_takes_what_is_due_and_tells_when_the_next_step_is_due():
     assert steps[0].status == "in_progress" and steps[0].run.status == "performing"
     assert ahead.next_due_at == at
     assert not ahead.jobs_due
+
+
+def claimed_rows(step_pk):
+    """A claimed attempt, its run and its ``step_started`` event, as plain values: keys dropped, times
+    given from the claim's moment (the attempt's ``started_at``)."""
+    step = WorkflowStep.objects.get(pk=step_pk)
+    run, event = step.run, WorkflowEvent.objects.get(step=step, kind="step_started")
+    at = step.started_at
+
+    def plain(row, *keys):
+        values = {f.attname: getattr(row, f.attname) for f in type(row)._meta.concrete_fields if f.attname not in keys}
+        return {name: value - at if name.endswith("_at") and value else value for name, value in values.items()}
+
+    return (
+        plain(step, "id", "run_id", "created_at", "scheduled_at"),
+        plain(run, "id", "workflow_id", "created_at", "started_at"),
+        plain(event, "id", "run_id", "step_id"),
+    )
+
+
+def test_the_claim_statement_writes_what_the_ledger_claim_writes_and_says_so_after_commit():
+    # The dispatcher claims with one statement; a test helper or run_now claims a step through
+    # the run's ledger. Both must leave the same rows and send the same signal, once committed.
+    sent = []
+
+    def receiver(sender, signal, **kwargs):
+        sent.append((sender, kwargs, connection.in_atomic_block))
+
+    by_statement, by_ledger = NoOp3.start(), NoOp3.start()
+    signals.workflow_transitioned.connect(receiver)
+    try:
+        (first,) = claim_due_steps(1, claimed_by="dispatcher-1")
+        second = claim_step(scheduled_step(by_ledger).pk, claimed_by="dispatcher-1")
+        with transaction.atomic():  # inside a caller's transaction, nothing is sent until it commits
+            claimed_inside = NoOp3.start()
+            claim_due_steps(1, claimed_by="dispatcher-1")
+            assert [kwargs["workflow_id"] for _, kwargs, _ in sent] == [
+                by_statement.record.workflow_id,
+                by_ledger.record.workflow_id,
+            ]
+    finally:
+        signals.workflow_transitioned.disconnect(receiver)
+
+    assert first.run_id == by_statement.record.pk and first.run.status == "performing"
+    assert claimed_rows(first.pk) == claimed_rows(second.pk)
+    step, run, event = claimed_rows(first.pk)
+    assert (step["status"], step["claimed_by"], step["stall_at"]) == (
+        "in_progress",
+        "dispatcher-1",
+        settings.STALL_THRESHOLD,
+    )
+    assert (run["status"], run["status_changed_at"], run["paused_reason"]) == ("performing", timedelta(0), "")
+    assert event["details"] == {"attempt": 1, "claimed_by": "dispatcher-1"} and event["created_at"] == timedelta(0)
+    expected = {"transition": "claim", "from_status": "ready", "to_status": "performing", "actor": "system"}
+    assert [(sender, kwargs, inside) for sender, kwargs, inside in sent] == [
+        ("noop3", {**expected, "workflow_id": wf.record.workflow_id}, False)
+        for wf in (by_statement, by_ledger, claimed_inside)
+    ]
 
 
 def test_nothing_later_and_no_job_is_said_plainly():

@@ -49,7 +49,7 @@ def claim_statement(claim, marker: str) -> tuple[str, list]:
 
 def test_the_claim_query_walks_the_partial_due_index_in_order_without_sorting():
     Counted.start()
-    sql = claim_statement(lambda: claim_due_steps(10), "s.scheduled_at <= ")
+    sql = claim_statement(lambda: claim_due_steps(10), "FOR UPDATE OF r, s")
 
     plan = plan_of(sql)
     kinds = [(n["Node Type"], n.get("Index Name")) for n in nodes(plan)]

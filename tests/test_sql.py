@@ -40,7 +40,7 @@ def test_an_execute_wrapper_sees_every_statement_of_a_claim_and_an_outcome_pipel
         execute_step(claimed)
 
     # (earlier tests may have taught this process names it cannot run: the filter then varies)
-    assert any(text.startswith(sql.statement("due_steps", False, 0).split(" ORDER BY")[0]) for text in seen)
+    assert any(a_claim(text) for text in seen)
     assert sql.statement("lock_pairs", WorkflowRun, WorkflowStep, "run_id") in seen  # a pipelined statement
     events = sql.statement("insert_many", WorkflowEvent, 1, (), False).split(" VALUES")[0]
     assert any(text.startswith(events) for text in seen)  # the batched writes (pipelined)
@@ -79,7 +79,7 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         "lock": (WorkflowRun, ("id",), True),
         "lock_pair": (WorkflowRun, WorkflowStep, "run_id"),
         "lock_pairs": (WorkflowRun, WorkflowStep, "run_id"),
-        "due_steps": (True, 2),
+        "claim_steps": (True, 2, True),
         "due_jobs": (True, True),
         "look_ahead": (True,),
     }
@@ -87,7 +87,8 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         text = sql.statement(name, *samples.get(name, ()))
         assert isinstance(text, str) and text.strip(), name
     assert all(key[:2] == (connection.alias, connection.vendor) for key in sql._cache)
-    assert "'scheduled'" in sql.statement("due_steps", False, 0) and "'ready'" in sql.statement("due_steps", False, 0)
+    claim = sql.statement("claim_steps", False, 0, False)
+    assert "'scheduled'" in claim and "'ready'" in claim and "'in_progress'" in claim and "'performing'" in claim
     assert "varchar(" not in sql.statement("unnest_update", WorkflowStep, ("step_name",))  # no length in casts
 
 
@@ -177,22 +178,44 @@ def test_rows_written_with_shared_values_read_back_as_written():
     assert [r.pk for r in runs] == [r.pk for r in stored]
 
 
+WITHOUT_FLUSH = "set_config('synchronous_commit', 'off', true)"
+
+
+def a_claim(text):
+    """Whether ``text`` is the claim statement (whatever names earlier tests taught this process to leave out)."""
+    return text.startswith(sql.statement("claim_steps", False, 0, True).split(" WHERE")[0])
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_claim_commits_without_waiting_for_the_disk_and_nothing_after_it_does():
-    Counted.start()
+def test_a_claim_of_its_own_is_one_statement_committed_without_waiting_for_the_disk():
+    wf = Counted.start()
     with statements_sent() as seen:
         (claimed,) = claim_due_steps(10)
-    assert seen[0] == sql.statement("commit_without_flush")  # with the claim's BEGIN, in its first round trip
+
+    # One statement in autocommit: its own transaction, one round trip, no BEGIN or COMMIT.
+    assert len(seen) == 1 and a_claim(seen[0]) and WITHOUT_FLUSH in seen[0]
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with psycopg.connect(**_direct(), autocommit=True) as other:  # committed: another session sees it
+        row = other.execute(f"SELECT status FROM {WorkflowStep._meta.db_table} WHERE id = %s", [claimed.pk])
+        assert row.fetchone() == ("in_progress",)
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone()[0] == "on"  # SET LOCAL: the claim's transaction only
+        assert cursor.fetchone()[0] == "on"  # set for the claim's transaction only
+    assert claimed.run_id == wf.record.pk
     execute_step(claimed)
+
+
+def _direct():
+    s = connection.settings_dict
+    return {"host": s["HOST"] or "127.0.0.1", "port": s["PORT"] or 5432, "user": s["USER"], "dbname": s["NAME"]}
 
 
 def test_a_claim_inside_the_callers_transaction_leaves_its_commit_alone():
     Counted.start()
     with transaction.atomic():
-        (claimed,) = claim_due_steps(10)
+        with statements_sent() as seen:
+            (claimed,) = claim_due_steps(10)
+        assert len(seen) == 1 and a_claim(seen[0]) and WITHOUT_FLUSH not in seen[0]
         with connection.cursor() as cursor:
             cursor.execute("SHOW synchronous_commit")
             assert cursor.fetchone()[0] == "on"
@@ -200,18 +223,11 @@ def test_a_claim_inside_the_callers_transaction_leaves_its_commit_alone():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_claim_of_its_own_sends_its_commit_with_its_writes_and_a_callers_claim_does_not():
+def test_a_claim_inside_the_callers_transaction_rolls_back_with_it():
     wf = Counted.start()
-    with statements_sent() as seen:
-        (claimed,) = claim_due_steps(10)
-    assert seen[-1] == "COMMIT" and seen.count("COMMIT") == 1  # after the writes, in their round trip
-    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    assert WorkflowStep.objects.get(pk=claimed.pk).status == "in_progress"  # committed, not left open
-    execute_step(claimed)
-
     step = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
-    with statements_sent() as seen, pytest.raises(RuntimeError), transaction.atomic():
+    with pytest.raises(RuntimeError), transaction.atomic():
         assert [s.pk for s in claim_due_steps(10)] == [step.pk]
         raise RuntimeError("the caller's transaction rolls back")
-    assert "COMMIT" not in seen
     assert WorkflowStep.objects.get(pk=step.pk).status == "scheduled"  # the claim went with it
+    assert not WorkflowEvent.objects.filter(run_id=wf.record.pk, kind="step_started").exists()

@@ -9,21 +9,20 @@ dispatcher's loop) also reads, in the same round trip, when it must look again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from contextlib import closing
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Min
+from psycopg.types.json import Jsonb
 
-from .. import clock, rows, sql
-from ..bulk import WriteBatch
+from .. import clock, rows, signals, sql
 from ..conf import settings
-from ..deploy import can_run_step
-from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..deploy import can_run_step, catalog_json
+from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..states import JobStatus, RunStatus, StepStatus
-from .ledger import RunLedger
+from .ledger import SYSTEM_ACTOR, RunLedger
 from .locks import locked_step, locked_steps
 from .outcome import stall_step
 
@@ -53,38 +52,69 @@ def claim_due_steps(limit: int, queues: Iterable[str] | None = None, claimed_by:
 
 
 def claim_and_look_ahead(
-    limit: int, queues: Iterable[str] | None = None, claimed_by: str = ""
+    limit: int, queues: Iterable[str] | None = None, claimed_by: str = "", *, due_for: timedelta = timedelta(0)
 ) -> tuple[list[WorkflowStep], LookAhead]:
-    """:func:`claim_due_steps`, and what the dispatcher's loop needs to know to sleep (no extra round trip)."""
-    return _claim_due(max(limit, 1), queues, claimed_by, look=True)
+    """:func:`claim_due_steps`, and what the dispatcher's loop needs to know to sleep (no extra round trip).
+
+    ``due_for``: claim only steps due for at least that long (a dispatcher that follows the
+    first of its group leaves it what it takes at once; see ``wakeups``).
+    """
+    return _claim_due(max(limit, 1), queues, claimed_by, look=True, due_for=due_for)
 
 
 def _claim_due(
-    limit: int, queues: Iterable[str] | None, claimed_by: str, look: bool
+    limit: int, queues: Iterable[str] | None, claimed_by: str, look: bool, due_for: timedelta = timedelta(0)
 ) -> tuple[list[WorkflowStep], LookAhead]:
     if limit < 1:
         return [], LookAhead(None, jobs_due=False)
     now = clock.now()
     queue_list = None if queues is None else list(queues)
+    if not sql.postgresql():
+        return _claim_orm(limit, queue_list, now, claimed_by, look, now - due_for)
+    # A claim of its own runs in autocommit: one statement, its own transaction, one round trip.
     own_transaction = not transaction.get_connection().in_atomic_block
+    claimed: list[WorkflowStep] = []
+    for _ in range(_MAX_PASSES):
+        # Names seen before and still unknown are left out in SQL: the normal case (every
+        # dispatcher on the same code) sends the same statement as before, no filter.
+        unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
+        more, passed_over, ahead = _claim_pass(
+            limit - len(claimed), queue_list, now, now - due_for, unknown, claimed_by, own_transaction
+        )
+        claimed += more
+        _unrunnable.update(passed_over)
+        if not passed_over or len(claimed) >= limit:
+            break
+    _announce_claims(claimed)
+    return claimed, ahead
+
+
+def _claim_orm(
+    limit: int, queues: list[str] | None, now: Any, claimed_by: str, look: bool, due_by: Any
+) -> tuple[list[WorkflowStep], LookAhead]:
+    """The claim through the ORM (SQLite: one writer at a time, the rows locked again as every unit of work does)."""
     with transaction.atomic():
         for _ in range(_MAX_PASSES):
-            # Names seen before and still unknown are left out in SQL: the normal case (every
-            # dispatcher on the same code) sends the same statement as before, no filter.
-            unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
-            due, ahead = _due(limit, queue_list, now, unknown, own_transaction, look)
-            new = {(run.workflow_class, step.step_name) for run, step in due if not can_run_step(*_names(run, step))}
+            unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))
+            due = WorkflowStep.objects.select_related("run").filter(
+                status=StepStatus.SCHEDULED, scheduled_at__lte=due_by, run__status=RunStatus.READY
+            )
+            if queues is not None:
+                due = due.filter(queue__in=queues)
+            for klass, name in unknown:
+                due = due.exclude(run__workflow_class=klass, step_name=name)
+            found = list(due.order_by("priority", "scheduled_at", "pk")[:limit])
+            new = {_names(step) for step in found if not can_run_step(*_names(step))}
             if not new:
                 break
             _unrunnable.update(new)
-        runnable = [(run, step) for run, step in due if can_run_step(*_names(run, step))]
-        if not sql.postgresql():
-            return _claim([(step.pk, run.pk) for run, step in runnable], now, claimed_by), ahead
-        return _claim_locked(runnable, now, claimed_by, commit=own_transaction), ahead
+        pairs = [(step.pk, step.run_id) for step in found if can_run_step(*_names(step))]
+        ahead = _look_ahead_orm(queues, now) if look else LookAhead(None, jobs_due=False)
+        return _claim(pairs, now, claimed_by), ahead
 
 
-def _names(run: WorkflowRun, step: WorkflowStep) -> tuple[str, str]:
-    return run.workflow_class, step.step_name
+def _names(step: WorkflowStep) -> tuple[str, str]:
+    return step.run.workflow_class, step.step_name
 
 
 #: ``(class, step name)`` pairs this process was offered and cannot run (left out of later claims).
@@ -93,51 +123,98 @@ _unrunnable: set[tuple[str, str]] = set()
 _MAX_PASSES = 5
 
 
-def _due(
-    limit: int, queues: list[str] | None, now: Any, unknown: list[tuple[str, str]], own_transaction: bool, look: bool
-) -> tuple[list[tuple[WorkflowRun, WorkflowStep]], LookAhead]:
-    """Due steps of ready runs with their runs, locked (PostgreSQL: both rows, one round trip).
+def _claim_pass(
+    limit: int,
+    queues: list[str] | None,
+    now: Any,
+    due_by: Any,
+    unknown: list[tuple[str, str]],
+    claimed_by: str,
+    own_transaction: bool,
+) -> tuple[list[WorkflowStep], set[tuple[str, str]], LookAhead]:
+    """One claim statement (``sql`` ``claim_steps``): the steps claimed, the pairs passed over, the look-ahead.
 
-    With SKIP LOCKED: a run another dispatcher (or an operator) holds is passed over, not
-    waited for. The order is the partial index ``pgbus_wf_step_due``'s; ``unknown`` pairs
-    are left out. On SQLite (one writer at a time) the rows are only read: :func:`_claim`
-    locks them again as every unit of work does. ``own_transaction``: the claim is a
-    transaction of its own (not the caller's), whose commit need not wait for the disk.
-    ``look``: also read the :class:`LookAhead` (PostgreSQL: in the same round trip).
+    ``own_transaction``: the statement is its own transaction (autocommit), whose commit
+    need not wait for the disk (the outcome's commit does). Steps due by ``due_by`` are
+    claimed; ``unknown`` pairs are left out of them, and a due step of a pair this process's
+    code cannot run is passed over.
     """
-    if not sql.postgresql():
-        due = WorkflowStep.objects.select_related("run").filter(
-            status=StepStatus.SCHEDULED, scheduled_at__lte=now, run__status=RunStatus.READY
-        )
-        if queues is not None:
-            due = due.filter(queue__in=queues)
-        for klass, name in unknown:
-            due = due.exclude(run__workflow_class=klass, step_name=name)
-        found = [(step.run, step) for step in due.order_by("priority", "scheduled_at", "pk")[:limit]]
-        return found, _look_ahead_orm(queues, now) if look else LookAhead(None, jobs_due=False)
-    params: list[Any] = [now, *([] if queues is None else [queues])]
+    params: list[Any] = [due_by, *([] if queues is None else [queues])]
     for pair in unknown:
         params.extend(pair)
-    params.append(limit)
-    # In a pipeline: the transaction's BEGIN goes in the same round trip. The claim's commit
-    # need not wait for the disk (see ``commit_without_flush``): the outcome's commit does.
-    ahead = LookAhead(None, jobs_due=False)
-    # One statement per cursor: in a pipeline, a cursor that ran two may hand back the first one's rows.
-    with sql.pipeline() as flag:
-        if own_transaction:
-            flag.execute(sql.statement("commit_without_flush"))
-        with closing(sql.pipelined_cursor()) as cursor, closing(sql.pipelined_cursor()) as second:
-            cursor.execute(sql.statement("due_steps", queues is not None, len(unknown)), params)
-            if look:
-                per_table = [now, *([] if queues is None else [queues])]
-                second.execute(sql.statement("look_ahead", queues is not None), per_table * 3)
-            found = cursor.fetchall()
-            if look:
-                next_due_at, jobs_due = second.fetchone()
-                ahead = LookAhead(next_due_at, jobs_due=bool(jobs_due))
-    split = len(WorkflowRun._meta.concrete_fields)
-    claimed = [(rows.from_row(WorkflowRun, row[:split]), rows.from_row(WorkflowStep, row[split:])) for row in found]
-    return claimed, ahead
+    params += [limit, _catalog_parameter(), now, claimed_by, now, settings.STALL_THRESHOLD, now]
+    event = _started_event(now, claimed_by)
+    db = transaction.get_connection()
+    params += [rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)]
+    params += [now, *([] if queues is None else [queues])] * 3  # the look-ahead: steps, jobs later, jobs now
+    with sql.bound_cursor() as cursor:
+        cursor.execute(sql.statement("claim_steps", queues is not None, len(unknown), own_transaction), params)
+        found = cursor.fetchall()
+    ahead = LookAhead(found[0][1], jobs_due=bool(found[0][2]))
+    split = 5 + len(WorkflowRun._meta.concrete_fields)
+    claimed, passed_over = [], set()
+    for row in found:
+        if row[3] is None:
+            continue  # nothing was due: the look-ahead's row alone
+        if row[5] is None:
+            passed_over.add((row[3], row[4]))
+            continue
+        step = rows.from_row(WorkflowStep, row[split:])
+        step.run = rows.from_row(WorkflowRun, row[5:split])
+        claimed.append(step)
+    claimed.sort(key=lambda step: (step.priority, step.scheduled_at, step.pk))
+    return claimed, passed_over, ahead
+
+
+#: The event columns the claim statement fills in from the attempt it claimed.
+_FILLED_IN = ("run_id", "step_id")
+
+
+def _started_event(now: datetime, claimed_by: str) -> WorkflowEvent:
+    """The ``step_started`` event of a claim, as :func:`_claim_in_ledger` records it, but for its run and attempt.
+
+    The claim statement sets the run and the step, and puts the attempt's number before these details.
+    """
+    return rows.build(
+        WorkflowEvent,
+        kind="step_started",
+        transition="claim",
+        from_status=RunStatus.READY,
+        to_status=RunStatus.PERFORMING,
+        actor=SYSTEM_ACTOR,
+        reason="",
+        details={"claimed_by": claimed_by} if claimed_by else {},
+        created_at=now,
+    )
+
+
+def _catalog_parameter() -> Jsonb:
+    """This process's catalog as the claim's jsonb parameter (its JSON text made once per registry)."""
+    text = catalog_json()
+    return Jsonb(None, dumps=lambda _: text)
+
+
+def _announce_claims(claimed: list[WorkflowStep]) -> None:
+    """``workflow_transitioned`` for each claimed run once the claim commits (only when someone listens).
+
+    At once for a claim of its own (committed already); inside a caller's transaction, after it commits.
+    """
+    if not claimed or not signals.workflow_transitioned.has_listeners():
+        return
+    moved = [(step.run.workflow_class, step.run.workflow_id) for step in claimed]
+
+    def send() -> None:
+        for sender, workflow_id in moved:
+            signals.workflow_transitioned.send(
+                sender=sender,
+                workflow_id=workflow_id,
+                transition="claim",
+                from_status=RunStatus.READY,
+                to_status=RunStatus.PERFORMING,
+                actor=SYSTEM_ACTOR,
+            )
+
+    transaction.on_commit(send)  # runs now outside a transaction
 
 
 def _look_ahead_orm(queues: list[str] | None, now: Any) -> LookAhead:
@@ -182,23 +259,6 @@ def _claim(pairs: list[tuple[int, int]], now: Any, claimed_by: str) -> list[Work
             _claim_in_ledger(ledger, step, claimed_by)
             claimed.append(step)
     return claimed
-
-
-def _claim_locked(
-    due: list[tuple[WorkflowRun, WorkflowStep]], now: Any, claimed_by: str, *, commit: bool
-) -> list[WorkflowStep]:
-    """Claim attempts whose rows this transaction has locked: every write in one round trip.
-
-    ``commit``: the claim is a transaction of its own, and its COMMIT goes in that round trip too.
-    """
-    writes = WriteBatch()
-    for run, step in due:
-        ledger = RunLedger(run, now, writes=writes)
-        _claim_in_ledger(ledger, step, claimed_by)
-        ledger.flush()
-    if due:
-        writes.send(settings.NOTIFY_CHANNEL, commit=commit)
-    return [step for _, step in due]
 
 
 def _claim_in_ledger(ledger: RunLedger, step: WorkflowStep, claimed_by: str) -> None:

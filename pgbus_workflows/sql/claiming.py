@@ -8,35 +8,104 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models import FanOutJob, WorkflowRun, WorkflowStep
-from ..states import JobStatus, RunStatus, StepStatus, job_event
-from .statements import builds, columns, literal, table
+from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from ..states import JobStatus, RunStatus, StepStatus, check_run_transition, job_event, step_event
+from .statements import builds, column, columns, literal, pk, quote, table
 
 
-@builds("due_steps")
-def due_steps(conn: Any, queues: bool, unknown: int) -> str:
-    """Due steps of ready runs by priority (the partial index ``pgbus_wf_step_due``), locked with their runs.
+@builds("claim_steps")
+def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> str:
+    """Claim due attempts of ready runs in one statement (PostgreSQL): locked, moved, recorded, looked past.
 
-    ``queues``: whether an array of queue names follows (PostgreSQL; SQLite claims through
-    the ORM); ``unknown``: how many ``(class, step name)`` pairs to leave out.
+    The due steps are read in the order of the partial index ``pgbus_wf_step_due`` (priority,
+    ``scheduled_at``) and locked with their runs: ``FOR UPDATE OF r, s SKIP LOCKED`` never
+    waits (no lock order to keep), and a row changed since the snapshot is re-read at its
+    latest version. Those whose ``(class, step name)`` this process's catalog knows are
+    claimed (the attempt ``in_progress``, the run ``performing``, a ``step_started`` event);
+    the others stay as they are, locked until the commit, and are returned unclaimed so the
+    caller learns to leave them out (``unknown``: how many such pairs it leaves out already).
+
+    It also reads what the dispatcher's loop needs to know to sleep (:func:`look_ahead`), and
+    ``without_flush`` (a claim that is a transaction of its own, run in autocommit: one
+    statement, one round trip) makes its commit not wait for the disk: a claim lost in a
+    server crash leaves its step scheduled, and it runs again, as a claim kept by the crash
+    would (the attempt stalls, then reattempts). Never inside a caller's transaction.
+
+    Placeholders, in order: now; (``queues``) an array of queue names; the ``unknown`` pairs;
+    the limit; the catalog (jsonb, ``{class: [step names]}``); now, the claimant, now and the
+    default stall threshold (the attempts); now (the runs); the event's columns, but for its
+    run and step, with its details merged after the attempt's number; the look-ahead's.
+    Returns one row (nothing due) or one per locked step: a flag to ignore, the look-ahead's
+    two values, the step's class and name, the claimed run's and attempt's columns (NULL
+    when the step was left unclaimed).
     """
-    steps, runs = table(conn, WorkflowStep), table(conn, WorkflowRun)
+    steps, runs, events = table(conn, WorkflowStep), table(conn, WorkflowRun), table(conn, WorkflowEvent)
+    ready, performing = RunStatus.READY, RunStatus.PERFORMING
+    check_run_transition("claim", ready, performing)
+    claimed = step_event("claim", StepStatus.SCHEDULED)
+
+    def step_col(name: str) -> str:
+        return column(conn, WorkflowStep, name)
+
+    def run_col(name: str) -> str:
+        return column(conn, WorkflowRun, name)
+
     where = [
-        f"s.status = {literal(StepStatus.SCHEDULED)}",
-        "s.scheduled_at <= %s",
-        f"r.status = {literal(RunStatus.READY)}",
+        f"s.{step_col('status')} = {literal(StepStatus.SCHEDULED)}",
+        f"s.{step_col('scheduled_at')} <= %s",
+        f"r.{run_col('status')} = {literal(ready)}",
     ]
     if queues:
-        where.append("s.queue = ANY(%s)")
+        where.append(f"s.{step_col('queue')} = ANY(%s)")
     if unknown:
         pairs = ", ".join(["(%s, %s)"] * unknown)
-        where.append(f"(r.workflow_class, s.step_name) NOT IN (VALUES {pairs})")
-    # Both rows locked, neither waited for (SKIP LOCKED: no lock order to keep), and both
-    # re-read at their latest version when a transaction changed them since this snapshot.
+        where.append(f"(r.{run_col('workflow_class')}, s.{step_col('step_name')}) NOT IN (VALUES {pairs})")
+    due = (
+        f"SELECT s.{pk(conn, WorkflowStep)} AS step_key, r.{pk(conn, WorkflowRun)} AS run_key, "
+        f"r.{run_col('workflow_class')} AS class_name, s.{step_col('step_name')} AS step_name "
+        f"FROM {steps} s JOIN {runs} r ON r.{pk(conn, WorkflowRun)} = s.{step_col('run')} "
+        f"WHERE {' AND '.join(where)} "
+        f"ORDER BY s.{step_col('priority')}, s.{step_col('scheduled_at')}, s.{pk(conn, WorkflowStep)} "
+        "LIMIT %s FOR UPDATE OF r, s SKIP LOCKED"
+    )
+    runnable = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
+    timeout = step_col("timeout")
+    attempts = (
+        f"UPDATE {steps} s SET {step_col('status')} = {literal(claimed)}, {step_col('started_at')} = %s, "
+        f"{step_col('claimed_by')} = %s, {step_col('stall_at')} = %s + COALESCE(NULLIF(s.{timeout}, "
+        f"interval '0'), %s) FROM runnable WHERE s.{pk(conn, WorkflowStep)} = runnable.step_key "
+        f"RETURNING {columns(conn, WorkflowStep, 's.')}"
+    )
+    moved = (
+        f"UPDATE {runs} r SET {run_col('status')} = {literal(performing)}, {run_col('status_changed_at')} = %s, "
+        f"{run_col('paused_reason')} = '' FROM runnable WHERE r.{pk(conn, WorkflowRun)} = runnable.run_key "
+        f"RETURNING {columns(conn, WorkflowRun, 'r.')}"
+    )
+    values = []
+    for field in WorkflowEvent._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        if field.attname == "run_id":
+            values.append(f"a.{step_col('run')}")
+        elif field.attname == "step_id":
+            values.append(f"a.{pk(conn, WorkflowStep)}")
+        elif field.attname == "details":
+            values.append(f"jsonb_build_object('attempt', a.{step_col('attempt')}) || %s")
+        else:
+            values.append("%s")
+    names = ", ".join(quote(conn, f.column) for f in WorkflowEvent._meta.concrete_fields if not f.primary_key)
+    started = f"INSERT INTO {events} ({names}) SELECT {', '.join(values)} FROM attempts a"
+    # A volatile call keeps the CTE apart (evaluated once); it is selected so it is evaluated at all.
+    flag = "set_config('synchronous_commit', 'off', true)" if without_flush else "NULL::text"
+    ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues)}) l(next_due_at, jobs_due)"
     return (
-        f"SELECT {columns(conn, WorkflowRun, 'r.')}, {columns(conn, WorkflowStep, 's.')} "
-        f"FROM {steps} s JOIN {runs} r ON r.id = s.run_id WHERE {' AND '.join(where)} "
-        "ORDER BY s.priority, s.scheduled_at, s.id LIMIT %s FOR UPDATE OF r, s SKIP LOCKED"
+        f"WITH due AS ({due}), runnable AS ({runnable}), attempts AS ({attempts}), moved AS ({moved}), "
+        f"started AS ({started}), ahead AS ({ahead}) "
+        "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, due.class_name, due.step_name, "
+        f"{columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
+        "FROM ahead LEFT JOIN due ON true "
+        f"LEFT JOIN moved m ON m.{pk(conn, WorkflowRun)} = due.run_key "
+        f"LEFT JOIN attempts a ON a.{pk(conn, WorkflowStep)} = due.step_key"
     )
 
 
@@ -76,31 +145,10 @@ def start_jobs(conn: Any) -> str:
     )
 
 
-@builds("commit_without_flush")
-def commit_without_flush(conn: Any) -> str:
-    """This transaction's commit does not wait for its WAL to reach the disk (PostgreSQL).
-
-    For claims only: a claim lost in a server crash leaves its step scheduled, and it runs
-    again, as a claim kept by the crash would (the attempt stalls, then reattempts).
-    """
-    return "SELECT set_config('synchronous_commit', 'off', true)"
-
-
-@builds("commit")
-def commit(conn: Any) -> str:
-    """End the claim's own transaction in its write pipeline (PostgreSQL): one round trip less.
-
-    Django's commit at the end of the ``atomic`` block then finds no transaction open and
-    sends nothing (psycopg's ``commit()`` on an idle connection is a no-op).
-    """
-    return "COMMIT"
-
-
-@builds("look_ahead")
 def look_ahead(conn: Any, queues: bool) -> str:
     """When the loop must next look (PostgreSQL): the earliest future step or job, and whether a job is due now.
 
-    Sent in the claim's pipeline, so it costs no round trip of its own. Placeholders: the
+    Part of the claim's statement, so it costs no round trip of its own. Placeholders: the
     claim's ``now``, then (``queues``) an array of queue names, both twice, for steps, then
     for jobs. Only what is due *after* ``now`` counts: a step due now that the claim passed
     over is held by another transaction (whose commit sends a ``NOTIFY``) or waits for newer

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from functools import partial
 from types import FrameType
 from typing import Any
@@ -40,6 +41,7 @@ from .services.fanout import claim_due_jobs, recover_jobs
 from .session import connection_params, probe_listen
 from .states import StepStatus
 from .sweep import Sweeper
+from .wakeups import Wakeups, announce, dispatchers_channel
 from .workers import WorkerPool
 
 logger = logging.getLogger("pgbus_workflows")
@@ -71,16 +73,24 @@ class WorkflowDispatcher:
         self.sweeper = Sweeper()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        #: Whether a NOTIFY is claimed at once (first of its group) or a moment later (``wakeups``).
+        self.wakeups = Wakeups(self.name, self.queues)
+        #: Set when a dispatcher joined or left: the heartbeat thread elects again at once.
+        self._regroup = threading.Event()
+        self._announced = False
         #: None with ``--no-schedules``: this process never fires schedule ticks.
         self.schedule_leader = ScheduleLeader(self.name, self._stopping) if schedules else None
         self._signals = 0
         self._orphans_possible = threading.Event()
+        #: Set when the last claim took as much as there was room for: more may be due, so a
+        #: freed slot wakes the loop. Otherwise new work announces itself (NOTIFY, the timer).
+        self._claim_on_free = True
         self.pool = WorkerPool(
             name=self.name,
             queues=self.queues,
             size=0 if sweep_only else concurrency,
             stopping=self._stopping,
-            on_free=self._wake.set,
+            on_free=self._slot_freed,
             on_lost=self._orphans_possible.set,
         )
         self._swept = False
@@ -107,7 +117,7 @@ class WorkflowDispatcher:
         # Heartbeat and sweep each on a thread (and connection) of their own: a long sweep
         # never delays claims, and a busy loop never lets the heartbeat go stale.
         beat = settings.HEARTBEAT_INTERVAL.total_seconds()
-        self._start_thread("pgbus-heartbeat", partial(self._every, "Heartbeat", beat, self._heartbeat))
+        self._start_thread("pgbus-heartbeat", partial(self._every, "Heartbeat", beat, self._heartbeat, self._regroup))
         if not self.once:
             if self.sweep:
                 every = settings.SWEEP_INTERVAL.total_seconds()
@@ -131,6 +141,7 @@ class WorkflowDispatcher:
         """Stop claiming; running steps finish (up to the shutdown timeout)."""
         self._stopping.set()
         self._wake.set()
+        self._regroup.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
@@ -166,9 +177,18 @@ class WorkflowDispatcher:
         if not updated:
             logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
             self._register()
+        self.wakeups.elect()
+        if not self._announced and self.pool.size:
+            announce(self.name)  # the others elect again now, not at their next heartbeat
+            self._announced = True
 
-    def _every(self, what: str, interval: float, work: Callable[[], object]) -> None:
-        """A thread's loop: ``work`` now and every ``interval`` seconds until stopped; errors are logged."""
+    def _every(
+        self, what: str, interval: float, work: Callable[[], object], early: threading.Event | None = None
+    ) -> None:
+        """A thread's loop: ``work`` now and every ``interval`` seconds (sooner when ``early`` is set) until stopped.
+
+        Errors are logged.
+        """
         try:
             while not self._stopping.is_set():
                 try:
@@ -178,7 +198,11 @@ class WorkflowDispatcher:
                     connection.close()
                 except Exception:
                     logger.exception("%s failed; trying again in %.1fs", what, interval)
-                self._stopping.wait(interval)
+                if early is None:
+                    self._stopping.wait(interval)
+                else:
+                    early.wait(interval)
+                    early.clear()
         finally:
             connection.close()
 
@@ -197,6 +221,8 @@ class WorkflowDispatcher:
                 self._stall_own("shutdown_timeout")
                 recover_jobs(clock.now(), dead=[self.name])
             Dispatcher.objects.filter(name=self.name).delete()
+            if self._announced:
+                announce(self.name)  # a follower may now be the first of the group
         except DB_ERRORS:
             logger.exception("Could not release dispatcher %s; the sweep will", self.name)
         logger.info("Dispatcher %s stopped", self.name)
@@ -213,6 +239,11 @@ class WorkflowDispatcher:
         return stalled
 
     # -- the loop ------------------------------------------------------------------------------
+
+    def _slot_freed(self) -> None:
+        """A claim ended: claim again only if the last claim was cut short by the free slots."""
+        if self._claim_on_free:
+            self._wake.set()
 
     def _loop(self) -> None:
         backoff = 0.5
@@ -247,23 +278,28 @@ class WorkflowDispatcher:
         if self.sweep_only:
             return None if self.once else settings.POLL_INTERVAL.total_seconds()
         free = self.pool.free_slots()
+        self._claim_on_free = True
         if free < 1:
             # Every slot busy: a finishing worker wakes the loop, no need to look ahead.
             return 0.05 if self.once else settings.POLL_INTERVAL.total_seconds()
-        steps, ahead = claim_and_look_ahead(free, self.queues, self.name)
+        lag = timedelta(seconds=self.wakeups.deferral())  # a follower leaves the first what it takes at once
+        steps, ahead = claim_and_look_ahead(free, self.queues, self.name, due_for=lag)
         # Handed out before anything else: the claim's first body starts while the loop goes on.
         self.pool.hand_out(steps, verify=True)
         jobs: list[FanOutJob] = []
         if free > len(steps) and ahead.jobs_due:
             jobs = claim_due_jobs(free - len(steps), self.queues, self.name)
             self.pool.hand_out(jobs, verify=True)
+        self.wakeups.claimed(len(steps) + len(jobs))
         if len(steps) + len(jobs) == free:
             return 0.0  # more may be due: claim again as soon as a slot is free
+        self._claim_on_free = False  # all that was due was taken: what comes next sends a NOTIFY
         if self.once:
             return 0.05 if self.pool.held() or steps or jobs else None
         timeout = settings.POLL_INTERVAL.total_seconds()
         if ahead.next_due_at is not None:
-            timeout = min(timeout, (ahead.next_due_at - clock.now()).total_seconds())
+            due_in = (ahead.next_due_at - clock.now()).total_seconds() + self.wakeups.deferral()
+            timeout = min(timeout, due_in)
         return max(timeout, 0.0)
 
     def _recover_after_outage(self) -> None:
@@ -282,12 +318,13 @@ class WorkflowDispatcher:
         """Wake the main thread on every NOTIFY for a served queue; reconnect with backoff."""
 
         backoff = 0.5
-        channel = settings.NOTIFY_CHANNEL
+        channel, group = settings.NOTIFY_CHANNEL, dispatchers_channel()
         probed = False
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(**connection_params(), autocommit=True) as conn:
-                    conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(channel)))
+                    for name in (channel, group):
+                        conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(name)))
                     if not probed:
                         probed = True
                         if probe_listen(conn, channel):
@@ -301,15 +338,31 @@ class WorkflowDispatcher:
                                 channel,
                             )
                     self._wake.set()  # anything sent while we were away
+                    self._regroup.set()
                     backoff = 0.5
-                    while not self._stopping.is_set():
-                        for note in conn.notifies(timeout=1.0):
-                            if self.queues is None or note.payload in self.queues:
-                                self._wake.set()
+                    self._hear(conn, group)
             except psycopg.Error as error:
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", str(error).strip(), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    def _hear(self, conn: psycopg.Connection[Any], group: str) -> None:
+        """Wake the main thread for each NOTIFY of a served queue: at once, or a follower's moment later."""
+        deferred: float | None = None  # when a follower's deferred wake-up is due (time.monotonic())
+        while not self._stopping.is_set():
+            wait = 1.0 if deferred is None else max(deferred - time.monotonic(), 0.0)
+            for note in conn.notifies(timeout=wait, stop_after=1):
+                if note.channel == group:
+                    self._regroup.set()
+                elif self.queues is None or note.payload in self.queues:
+                    delay = self.wakeups.deferral()
+                    if not delay:
+                        self._wake.set()
+                    elif deferred is None:
+                        deferred = time.monotonic() + delay
+            if deferred is not None and time.monotonic() >= deferred:
+                deferred = None
+                self._wake.set()
 
 
 def _flush_logs() -> None:

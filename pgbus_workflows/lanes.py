@@ -5,6 +5,7 @@ The pool (``workers.py``) decides who runs what; these are the records it keeps 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -42,6 +43,8 @@ class Lane:
         self.idle = False
         #: ``time.monotonic()`` when its worker last came for work (not when a wait merely timed out).
         self.came_at = 0.0
+        #: ``time.monotonic()`` when its idle worker wakes of itself to look for work (inf while awake).
+        self.looks_at = math.inf
 
 
 class Batch:

@@ -14,6 +14,7 @@ ever waiting in a worker's hands unstarted.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -36,8 +37,9 @@ logger = logging.getLogger("pgbus_workflows")
 #: The longest a worker keeps quick steps' outcomes before committing them together, and
 #: how long a body may run before idle workers take the work queued behind it.
 BATCH_WINDOW = 0.02
-#: How many workers run quick bodies while the others sleep (see ``WorkerPool._leave_to_awake``).
-AWAKE_FOR_QUICK = 2
+#: How many workers run quick bodies while the others sleep, whatever the pool's size
+#: (see ``WorkerPool._leave_to_awake``): as many as the default concurrency.
+AWAKE_FOR_QUICK = 4
 
 
 class WorkerPool:
@@ -119,7 +121,12 @@ class WorkerPool:
             return free if free >= per_worker or not self._held else 0
 
     def hand_out(self, works: Sequence[Work], *, verify: bool, lane: Lane | None = None) -> None:
-        """Queue claimed work: on ``lane`` (a worker's own) or for any worker."""
+        """Queue claimed work: on ``lane`` (a worker's own) or for any worker.
+
+        ``verify``: the claims were made by the loop, so one may be cancelled before a worker
+        takes it; each is re-checked before its body runs, unless it goes straight to an idle
+        worker (see :meth:`_direct_lane`), which starts it the moment the claim committed.
+        """
         if not works:
             return
         with self._lock:
@@ -127,12 +134,41 @@ class WorkerPool:
             if lane is not None:
                 lane.queue.extend((work, verify) for work in works)
                 return  # a lane is filled by its own worker, which is awake: nobody to wake
+            direct = self._direct_lane() if verify else None
+            if direct is not None:
+                self._idle.discard(direct)
+                direct.queue.append((works[0], False))
+                direct.wakeup.notify()
+                works = works[1:]
+                if not works:
+                    return
             if not self._shared:
                 self._shared_since = time.monotonic()
             self._shared.extend((work, verify) for work in works)
+            if self._quick_bodies() and self._active() >= AWAKE_FOR_QUICK:
+                # The awake workers take it; one idle worker times it, should they not in time
+                # (one already does: woken, it would only go back to sleep).
+                if not self._looked_at_by(self._shared_since + BATCH_WINDOW):
+                    self._wake_idle(1)
+                return
             # At most one idle worker per claim: waking all of them (16 threads, say) for one
             # step costs every other one a trip through the lock and the GIL for nothing.
             self._wake_idle(len(works))
+
+    def _direct_lane(self) -> Lane | None:
+        """The idle worker to hand a claim just made to, or None. Lock held.
+
+        It takes the claim in hand, with no re-check: nothing waits before it (the shared
+        queue is empty) and it starts the body as soon as it wakes, an instant after the
+        claim committed, so a cancel could only come as late as one during the body. None
+        while two awake workers run quick bodies: they take the work (``_leave_to_awake``).
+        """
+        if not self._idle or self._shared:
+            return None
+        warmest = max(self._idle, key=lambda lane: lane.came_at)
+        if self._quick_bodies() and self._active(besides=warmest) >= AWAKE_FOR_QUICK:
+            return None
+        return warmest
 
     def _wake_idle(self, count: int) -> None:
         """Wake up to ``count`` idle workers, the one that worked last first (its caches are warm). Lock held."""
@@ -171,33 +207,54 @@ class WorkerPool:
                         break
                     stolen, patience = self._steal()
                     if stolen is not None:
+                        if any(other.queue and other.body_since is not None for other in self._lanes):
+                            self._wake_idle(1)  # the next watcher: more waits behind a body
                         return stolen
                     if not wait or (self._stopping.is_set() and not self._held):
                         return None
                     lane.idle = True
                     self._idle.add(lane)
+                    timeout = patience if leave is None else min(patience, leave)
+                    lane.looks_at = time.monotonic() + timeout
                     try:
-                        lane.wakeup.wait(patience if leave is None else min(patience, leave))
+                        lane.wakeup.wait(timeout)
                     finally:
-                        lane.idle, woken = False, True
+                        lane.idle, woken, lane.looks_at = False, True, math.inf
                         self._idle.discard(lane)  # woken by a timeout or by all: not taken by a hand-out
             self._check(chunk, lane)
 
     def _leave_to_awake(self, lane: Lane) -> float | None:
         """How long a worker just woken leaves the shared work to those already awake; None: it takes it.
 
-        While bodies are quick, ``AWAKE_FOR_QUICK`` awake workers run everything: each one's
-        outcomes then commit together, where work spread over 16 threads would cost a commit
-        per step (and the client's CPU, on a small machine). Work that waits ``BATCH_WINDOW``
-        anyway is taken. Call with the lock held.
+        While bodies are quick, ``AWAKE_FOR_QUICK`` active workers run everything, whatever
+        the pool's size: each one's outcomes then commit together, where work spread over 16
+        threads would cost a commit per step (and the client's CPU, on a small machine). It
+        looks again every ``BATCH_WINDOW``, and takes the work once fewer are active (one of
+        them has been in a body for longer). Call with the lock held.
         """
-        if not self._body_seconds or self._body_seconds * 10 > BATCH_WINDOW:
+        if not self._quick_bodies() or self._active(besides=lane) < AWAKE_FOR_QUICK:
             return None
-        awake = sum(1 for other in self._lanes if other is not lane and not other.idle)
-        if awake < AWAKE_FOR_QUICK:
-            return None
-        left = self._shared_since + BATCH_WINDOW - time.monotonic()
-        return left if left > 0 else None
+        return BATCH_WINDOW
+
+    def _quick_bodies(self) -> bool:
+        """Whether recent bodies took under a tenth of ``BATCH_WINDOW``."""
+        return bool(self._body_seconds) and self._body_seconds * 10 <= BATCH_WINDOW
+
+    def _active(self, besides: Lane | None = None) -> int:
+        """Workers (but ``besides``'s) awake and not in a body for over ``BATCH_WINDOW``: soon back for work.
+
+        A worker writing its batch is back as soon as the database answers. Lock held.
+        """
+        since = time.monotonic() - BATCH_WINDOW
+        return sum(
+            1
+            for other in self._lanes
+            if other is not besides and not other.idle and (other.body_since is None or other.body_since >= since)
+        )
+
+    def _looked_at_by(self, when: float) -> bool:
+        """Whether an idle worker wakes of itself by ``when`` (``time.monotonic()``) to look for work. Lock held."""
+        return any(lane.idle and lane.looks_at <= when + 0.001 for lane in self._lanes)
 
     def _share(self) -> list[Queued]:
         """This worker's part of the shared queue: an even share, at most a batch."""
@@ -300,11 +357,17 @@ class WorkerPool:
             thread.start()
 
     def _enter_body(self, lane: Lane) -> float:
-        """Mark ``lane``'s worker as inside a body; idle workers then time when to take its queue."""
+        """Mark ``lane``'s worker as inside a body; an idle worker then times when to take its queue.
+
+        One watcher is enough (sixteen woken for each body would cost each a trip through the
+        lock and the GIL), and none is woken when an idle worker looks in time anyway; whoever
+        takes work behind a body wakes the next (:meth:`_take`).
+        """
         lane.body_since = time.monotonic()
         if lane.queue:
             with self._lock:
-                self._wake_all()
+                if not self._looked_at_by(lane.body_since + BATCH_WINDOW):
+                    self._wake_idle(1)
         return lane.body_since
 
     def _leave_body(self, lane: Lane, began: float) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from pgbus_workflows import workers as workers_module
 from pgbus_workflows.models import WorkflowStep
+from pgbus_workflows.services import executor
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.workers import WorkerPool
 from tests.procs import eventually
@@ -79,3 +80,38 @@ def test_a_quick_step_is_not_held_up_behind_awake_workers_whose_bodies_turned_ou
     assert time.monotonic() - handed < 1.5
     assert not SideEffect.objects.filter(label="slow-end").exists(), "it waited for a slow body"
     eventually(lambda: all(wf.reload().status == "finished" for wf in slow), what="the slow runs")
+
+
+def test_a_claim_handed_to_an_idle_worker_starts_without_a_re_check_and_queued_ones_are_re_checked(
+    pool_of, monkeypatch
+):
+    rechecked = []
+    real_check = workers_module.still_in_progress
+
+    def counted(step_pks):
+        rechecked.extend(step_pks)
+        return real_check(step_pks)
+
+    monkeypatch.setattr(workers_module, "still_in_progress", counted)  # a chunk of the shared queue
+    monkeypatch.setattr(executor, "still_in_progress", counted)  # a claim run with verify=True
+    pool = pool_of(1)
+    eventually(lambda: len(pool._idle) == 1, what="the worker idle")
+    wf = NoOp3.start()
+    (fresh,) = claim_due_steps(1, claimed_by="w")
+    pool.hand_out([fresh], verify=True)  # the worker is idle: it takes the claim in hand and starts it
+    eventually(lambda: wf.reload().status == "finished", what="the run to finish")
+    assert rechecked == []
+
+    # A worker inside a body: what the loop claims meanwhile waits in the shared queue, and
+    # may be cancelled there, so it is re-checked before its body runs (a cancelled one never runs).
+    slow = Slow.start(seconds=1)
+    pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)
+    eventually(lambda: SideEffect.objects.filter(label="slow-start").exists(), what="the slow body")
+    waiting, cancelled = NoOp3.start(), NoOp3.start()
+    queued = claim_due_steps(2, claimed_by="w")
+    pool.hand_out(queued, verify=True)
+    cancelled.cancel()
+    eventually(lambda: waiting.reload().status == "finished" and slow.reload().status == "finished", what="both")
+    assert sorted(rechecked) == sorted(step.pk for step in queued)
+    assert cancelled.reload().status == "cancelled"
+    assert not WorkflowStep.objects.filter(run_id=cancelled.record.pk, status="completed").exists()

@@ -1,0 +1,156 @@
+"""Several dispatchers and one NOTIFY: the first of a group claims at once, the others a moment later.
+
+A trickle of runs then goes to one dispatcher, whose outcomes batch together, and the others
+spend almost nothing; work the first cannot take (its slots are full) is still taken by
+another within its delay.
+"""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from pgbus_workflows.deploy import catalog
+from pgbus_workflows.models import Dispatcher, WorkflowStep
+from pgbus_workflows.services.claims import claim_and_look_ahead
+from pgbus_workflows.wakeups import FOLLOW_MAX, FOLLOW_MIN, Wakeups
+from tests.procs import DispatcherProcess, eventually
+from tests.testapp.models import SideEffect
+from tests.testapp.workflows import NoOp3, Slow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def dispatcher_row(name, *, queues=(), alive=4, beat_ago=0.0, code=None):
+    return Dispatcher.objects.create(
+        name=name,
+        hostname="h",
+        pid=1,
+        queues=sorted(queues),
+        concurrency=4,
+        workers_alive=alive,
+        catalog=catalog() if code is None else code,
+        heartbeat_at=timezone.now() - timedelta(seconds=beat_ago),
+    )
+
+
+def elected(name, queues=None):
+    wakeups = Wakeups(name, frozenset(queues) if queues else None)
+    wakeups.elect()
+    return wakeups.first
+
+
+def test_the_first_of_a_group_by_name_claims_at_once_and_the_others_follow():
+    dispatcher_row("b")
+    dispatcher_row("c")
+    assert elected("b") and not elected("c")
+    dispatcher_row("a", beat_ago=3600)  # taken for dead: not of the group
+    dispatcher_row("a0", alive=0)  # sweeps only: no workers to claim with
+    assert elected("b")
+
+
+def test_other_queues_or_other_code_make_another_group():
+    dispatcher_row("a", queues=["mail"])
+    dispatcher_row("b", code={"only_newer_code_knows": ["step"]})  # a rolling deploy: the new code
+    dispatcher_row("c")
+    assert elected("c")  # a and b are each the first of a group of their own
+    assert elected("a", ["mail"])
+    assert not elected("d")  # c is the first of this one
+
+
+def test_a_followers_delay_grows_while_it_finds_nothing_and_falls_back_when_it_finds_work():
+    dispatcher_row("a")
+    dispatcher_row("b")
+    follower = Wakeups("b", None)
+    follower.elect()
+    assert follower.deferral() == FOLLOW_MIN
+    for _ in range(10):
+        follower.claimed(0)
+    assert follower.deferral() == FOLLOW_MAX
+    follower.claimed(3)
+    assert follower.deferral() == FOLLOW_MIN
+    first = Wakeups("a", None)
+    first.elect()
+    first.claimed(0)
+    assert first.deferral() == 0.0
+
+
+def test_a_follower_leaves_the_first_what_it_takes_at_once():
+    fresh, stale = NoOp3.start(), NoOp3.start()
+    WorkflowStep.objects.filter(run_id=stale.record.pk).update(scheduled_at=timezone.now() - timedelta(seconds=5))
+
+    steps, _ = claim_and_look_ahead(10, claimed_by="follower", due_for=timedelta(seconds=1))
+
+    assert [s.run_id for s in steps] == [stale.record.pk]
+    assert WorkflowStep.objects.get(run_id=fresh.record.pk).status == "scheduled"
+
+
+@pytest.fixture
+def two_dispatchers():
+    """Two real dispatchers of one group (concurrency 1 each), once both elected: (first, follower) names."""
+    processes = [DispatcherProcess("--no-sweep", "--concurrency", "1") for _ in range(2)]
+    try:
+        eventually(
+            lambda: Dispatcher.objects.filter(workers_alive__gt=0).count() == 2, what="both dispatchers registered"
+        )
+        time.sleep(1)  # each announced itself: both elected again
+        first, follower = sorted(Dispatcher.objects.values_list("name", flat=True))
+        yield first, follower
+    finally:
+        for process in processes:
+            process.stop()
+
+
+def test_a_trickle_goes_to_the_first_dispatcher_of_the_group(two_dispatchers):
+    first, _ = two_dispatchers
+    runs = []
+    for _ in range(10):
+        runs.append(NoOp3.start())
+        time.sleep(0.1)
+    eventually(lambda: all(wf.reload().status == "finished" for wf in runs), what="the runs")
+
+    claimers = [WorkflowStep.objects.get(run_id=wf.record.pk, step_name="a").claimed_by for wf in runs]
+    # The other claims a step only once it has been due for its delay: on a loaded machine the
+    # first may be that slow now and then, never for most of them.
+    assert claimers.count(first) >= 8, claimers
+
+
+def test_what_the_first_cannot_take_a_follower_takes(two_dispatchers):
+    slow = Slow.start(seconds=5)
+    eventually(lambda: SideEffect.objects.filter(label="slow-start").exists(), what="the slow body")
+    busy = WorkflowStep.objects.get(run_id=slow.record.pk, step_name="work").claimed_by
+
+    quick = NoOp3.start()  # the busy one's only slot is taken: the other must run it
+    eventually(lambda: quick.reload().status == "finished", timeout=4, what="the quick run")
+
+    assert not SideEffect.objects.filter(label="slow-end").exists()
+    assert WorkflowStep.objects.get(run_id=quick.record.pk, step_name="a").claimed_by != busy
+    assert busy in two_dispatchers
+
+
+def test_when_the_first_dies_a_follower_takes_the_work_and_when_it_stops_another_is_first():
+    processes = {}
+    try:
+        for _ in range(3):
+            process = DispatcherProcess("--no-sweep", "--concurrency", "1")
+            eventually(lambda p=process: "started" in p.output(), what="a dispatcher started")
+            processes[Dispatcher.objects.order_by("-started_at").values_list("name", flat=True).first()] = process
+        eventually(lambda: Dispatcher.objects.filter(workers_alive__gt=0).count() == 3, what="all registered")
+        first, second, third = sorted(processes)
+        for name in (second, third):
+            eventually(lambda n=name: f"now follows {first}" in processes[n].output(), what=f"{name} follows")
+
+        processes[first].kill()  # its row lives on until DISPATCHER_DEAD_AFTER: the others stay followers
+        wf = NoOp3.start()
+        eventually(lambda: wf.reload().status == "finished", timeout=10, what="the run, taken by a follower")
+        claimers = set(WorkflowStep.objects.filter(run_id=wf.record.pk).values_list("claimed_by", flat=True))
+        assert claimers in ({second}, {third})
+
+        Dispatcher.objects.filter(name=first).delete()  # the sweep's verdict on the dead one
+        processes[second].send(15)  # it stops: its leaving makes the third elect again at once
+        assert processes[second].wait() == 0
+        eventually(lambda: "now claims at once" in processes[third].output(), timeout=5, what="the third is first")
+    finally:
+        for process in processes.values():
+            process.stop()

@@ -1,6 +1,9 @@
 """The app's settings: one object, read live from ``settings.PGBUS_WORKFLOWS``.
 
-Values are read on every access (never at import time), so ``override_settings`` works.
+Values are read on first use (never at import time) and kept until Django says the setting
+changed (``setting_changed``: ``override_settings``, pytest-django's ``settings`` fixture), so
+those work; a dispatcher reads its settings on its hot path, where parsing them on each
+access cost more than the lock it took.
 Durations may be given as seconds or as ``timedelta``; they are always returned as
 ``timedelta``. ``checks.py`` validates the whole dict with clear messages.
 """
@@ -11,6 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 #: Every key with its default. Durations are in seconds here.
 DEFAULTS: dict[str, Any] = {
@@ -80,20 +85,34 @@ class WorkflowSettings:
     PREPARED_STATEMENTS: bool
     MAX_CHILD_DEPTH: int
 
+    def reload(self) -> None:
+        """Forget the values read so far: the next access reads ``PGBUS_WORKFLOWS`` again."""
+        for name in DEFAULTS:
+            self.__dict__.pop(name, None)
+
     def user_values(self) -> dict[str, Any]:
         """The raw dict the project set (empty when it set none)."""
         value = getattr(django_settings, "PGBUS_WORKFLOWS", None)
         return dict(value) if isinstance(value, dict) else {}
 
     def __getattr__(self, name: str) -> Any:
+        """A setting's value, read on first use and then kept as an attribute (until :meth:`reload`)."""
         if name not in DEFAULTS:
             raise AttributeError(f"PGBUS_WORKFLOWS has no setting {name!r}")
         value = self.user_values().get(name, DEFAULTS[name])
         if name == "RETENTION" and not isinstance(value, bool) and value in (0, timedelta(0)):
-            return None  # as in pgbus: 0 turns the cleanup off
-        if name in DURATION_KEYS and value is not None:
-            return as_duration(value)
+            value = None  # as in pgbus: 0 turns the cleanup off
+        elif name in DURATION_KEYS and value is not None:
+            value = as_duration(value)
+        self.__dict__[name] = value
         return value
 
 
 settings = WorkflowSettings()
+
+
+@receiver(setting_changed)
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    """``PGBUS_WORKFLOWS`` changed (a test's override): read it again."""
+    if setting == "PGBUS_WORKFLOWS":
+        settings.reload()

@@ -511,3 +511,12 @@ def test_the_readme_settings_table_lists_every_setting_with_its_default():
     rows = {line.split("`")[1]: line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| `")}
     assert set(rows) == set(DEFAULTS)
     assert rows["MAX_CHILD_DEPTH"] == str(DEFAULTS["MAX_CHILD_DEPTH"])
+
+
+def test_settings_are_read_once_and_again_when_django_says_they_changed(settings):
+    settings.PGBUS_WORKFLOWS = {"BATCH_SIZE": 50}
+    assert wf_settings.BATCH_SIZE == 50
+    settings.PGBUS_WORKFLOWS["BATCH_SIZE"] = 7  # changed in place: no setting_changed, the value is kept
+    assert wf_settings.BATCH_SIZE == 50
+    settings.PGBUS_WORKFLOWS = {"BATCH_SIZE": 7}
+    assert wf_settings.BATCH_SIZE == 7

@@ -99,6 +99,17 @@ def pgbench_tps(clients: int, seconds: int) -> float:
     return float(match.group(1))
 
 
+def python_reference_ms() -> float:
+    """This machine's pure-Python speed: the best of 20 sums of 100,000 integers, in ms.
+
+    pgbench is C and the server's, so its ratio hides how fast Python runs here: this row tells
+    runs on different machines apart (a figure of our own, client or dispatcher, is mostly Python).
+    """
+    import timeit
+
+    return min(timeit.repeat("sum(range(100_000))", number=1, repeat=20)) * 1000
+
+
 def start_dispatchers(
     count: int, concurrency: int, settings: dict[str, Any] | None = None
 ) -> list[subprocess.Popen[bytes]]:

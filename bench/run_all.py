@@ -22,7 +22,7 @@ from bench.common import drop_database, pgbench_tps, recreate_database
 from bench.dispatch import median_throughput
 from bench.fanout import drain
 from bench.history import compare
-from bench.trickle import Row, measure_ours, measure_peer, parse_sizes, print_table, rows
+from bench.trickle import Row, machine_row, measure_ours, measure_peer, parse_sizes, print_table, rows
 
 
 def main() -> None:
@@ -48,6 +48,7 @@ def main() -> None:
         drop_database()
     table: list[Row] = [
         (f"pgbench -N, {c} clients (tps)", f"{tps:,.0f}", "1.00", ""),
+        machine_row(),
         (f"backlog steps/s, 1 dispatcher ({runs} three-step runs)", f"{one:,.0f}", f"{one / tps:.2f}", ""),
         (f"backlog steps/s, 2 dispatchers ({runs} three-step runs)", f"{two:,.0f}", f"{two / tps:.2f}", ""),
         (

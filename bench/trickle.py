@@ -38,6 +38,7 @@ from bench.common import (
     SETTLE_SECONDS,
     drop_database,
     pgbench_tps,
+    python_reference_ms,
     quantiles_ms,
     recreate_database,
     run_json,
@@ -188,6 +189,16 @@ def measure_peer(sizes: Sizes) -> Peer:
 
 #: One table row: measurement, value, ratio to pgbench -N, goal of the issue (and whether it is met).
 Row = tuple[str, str, str, str]
+
+
+def machine_row() -> Row:
+    """The pure-Python reference of this machine (``bench.common.python_reference_ms``)."""
+    return (
+        "machine: pure-Python reference, ms (`sum(range(100_000))`, best of 20)",
+        f"{python_reference_ms():.2f}",
+        "",
+        "",
+    )
 
 
 def verdict(ok: bool) -> str:
@@ -346,7 +357,8 @@ def main() -> None:
         memory = rss.measure(sizes.rss_steps)
     finally:
         drop_database()
-    print_table([("pgbench -N, 4 clients (tps)", f"{tps:,.0f}", "1.00", ""), *rows(tps, sizes, ours, peer, memory)])
+    table = [("pgbench -N, 4 clients (tps)", f"{tps:,.0f}", "1.00", ""), machine_row()]
+    print_table([*table, *rows(tps, sizes, ours, peer, memory)])
 
 
 if __name__ == "__main__":

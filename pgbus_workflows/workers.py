@@ -146,8 +146,8 @@ class WorkerPool:
                 self._shared_since = time.monotonic()
             self._shared.extend((work, verify) for work in works)
             if self._quick_bodies() and self._active() >= AWAKE_FOR_QUICK:
-                # The awake workers take it; one idle worker times it, should they not in time
-                # (one already does: woken, it would only go back to sleep).
+                # The active workers take it; one idle worker times it, should they not in time
+                # (when one already does, another woken would only go back to sleep).
                 if not self._looked_at_by(self._shared_since + BATCH_WINDOW):
                     self._wake_idle(1)
                 return
@@ -161,7 +161,8 @@ class WorkerPool:
         It takes the claim in hand, with no re-check: nothing waits before it (the shared
         queue is empty) and it starts the body as soon as it wakes, an instant after the
         claim committed, so a cancel could only come as late as one during the body. None
-        while two awake workers run quick bodies: they take the work (``_leave_to_awake``).
+        while ``AWAKE_FOR_QUICK`` active workers run quick bodies: they take the work
+        (``_leave_to_awake``).
         """
         if not self._idle or self._shared:
             return None
@@ -230,7 +231,9 @@ class WorkerPool:
         the pool's size: each one's outcomes then commit together, where work spread over 16
         threads would cost a commit per step (and the client's CPU, on a small machine). It
         looks again every ``BATCH_WINDOW``, and takes the work once fewer are active (one of
-        them has been in a body for longer). Call with the lock held.
+        them has been in a body for longer). The active ones take shared work between their
+        bodies, before their writes claim their runs' next steps, so it never waits for
+        their chains to end. Call with the lock held.
         """
         if not self._quick_bodies() or self._active(besides=lane) < AWAKE_FOR_QUICK:
             return None

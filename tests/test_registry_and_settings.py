@@ -513,10 +513,12 @@ def test_the_readme_settings_table_lists_every_setting_with_its_default():
     assert rows["MAX_CHILD_DEPTH"] == str(DEFAULTS["MAX_CHILD_DEPTH"])
 
 
-def test_settings_are_read_once_and_again_when_django_says_they_changed(settings):
+def test_settings_are_read_once_and_again_when_the_setting_is_replaced_or_deleted(settings):
     settings.PGBUS_WORKFLOWS = {"BATCH_SIZE": 50}
     assert wf_settings.BATCH_SIZE == 50
-    settings.PGBUS_WORKFLOWS["BATCH_SIZE"] = 7  # changed in place: no setting_changed, the value is kept
+    settings.PGBUS_WORKFLOWS["BATCH_SIZE"] = 7  # changed in place: the same dict, the value read is kept
     assert wf_settings.BATCH_SIZE == 50
     settings.PGBUS_WORKFLOWS = {"BATCH_SIZE": 7}
     assert wf_settings.BATCH_SIZE == 7
+    del settings.PGBUS_WORKFLOWS  # pytest-django sends no setting_changed for a deletion
+    assert wf_settings.BATCH_SIZE == 100

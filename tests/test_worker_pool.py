@@ -18,7 +18,7 @@ from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.workers import WorkerPool
 from tests.procs import eventually
 from tests.testapp.models import SideEffect
-from tests.testapp.workflows import NoOp3, Slow
+from tests.testapp.workflows import LongChain, NoOp3, Slow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -115,3 +115,20 @@ def test_a_claim_handed_to_an_idle_worker_starts_without_a_re_check_and_queued_o
     assert sorted(rechecked) == sorted(step.pk for step in queued)
     assert cancelled.reload().status == "cancelled"
     assert not WorkflowStep.objects.filter(run_id=cancelled.record.pk, status="completed").exists()
+
+
+def test_new_work_is_taken_between_the_bodies_of_four_workers_busy_with_long_chains(pool_of):
+    pool = pool_of(5)
+    warm = [NoOp3.start() for _ in range(3)]
+    pool.hand_out(claim_due_steps(3, claimed_by="w"), verify=True)  # bodies are quick, as far as the pool knows
+    eventually(lambda: all(wf.reload().status == "finished" for wf in warm), what="the warm-up runs")
+    chains = [LongChain.start() for _ in range(4)]
+    pool.hand_out(claim_due_steps(4, claimed_by="w"), verify=True)  # four workers, each chaining its run's steps
+    eventually(lambda: all(wf.reload().current_step >= "s005" for wf in chains), what="four chains running")
+
+    quick = NoOp3.start()
+    pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # four active: the fifth sleeps, they take it
+    eventually(lambda: quick.reload().current_step != "a", what="the quick run's first step")
+
+    assert not any(wf.reload().status == "finished" for wf in chains), "it waited for a chain to end"
+    eventually(lambda: all(wf.reload().status == "finished" for wf in [*chains, quick]), what="every run")

@@ -1,9 +1,12 @@
-"""Claiming due steps: the claim transaction, and the re-check of claims before their bodies run.
+"""Claiming due steps: the claim, and the re-check of claims before their bodies run.
 
-``claim_due_steps`` claims up to ``limit`` due attempts in one short transaction: runs locked
-with ``SKIP LOCKED`` (two dispatchers never claim one step), then every claimed step and its
-run moved and recorded together, as one batch of units of work. ``claim_and_look_ahead`` (the
-dispatcher's loop) also reads, in the same round trip, when it must look again.
+``claim_due_steps`` claims up to ``limit`` due attempts. On PostgreSQL that is one statement
+(``sql`` ``claim_steps``), a transaction of its own unless the caller's is open: runs locked
+with ``SKIP LOCKED`` (two dispatchers never claim one step), every claimed attempt and its
+run moved and recorded as the run's ledger would (``claim_step`` goes through the ledger; a
+test holds the two to the same rows), and when the loop must look again, all in one round
+trip. ``claim_and_look_ahead`` (the dispatcher's loop) returns that look-ahead too. On
+SQLite the claim goes through the ORM and the ledger.
 """
 
 from __future__ import annotations

@@ -211,6 +211,23 @@ class FanBench(Workflow):
         pass
 
 
+def _quick(self):
+    pass
+
+
+#: A run of a hundred quick steps: a worker chains them one after the other for a while.
+LongChain = type(
+    "LongChain",
+    (Workflow,),
+    {
+        "__module__": __name__,
+        "__doc__": "A hundred empty steps: a worker busy with one run's chain for a good while.",
+        "name": "long_chain",
+        **{f"s{number:03d}": step(_quick) for number in range(100)},
+    },
+)
+
+
 class Probe(Workflow):
     """One step whose output is the time its body began (the call-to-body latency benchmark)."""
 

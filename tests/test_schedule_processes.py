@@ -43,17 +43,24 @@ def leads(process):
     return "Schedules: " in process.output() and " leads" in process.output()
 
 
+def steady_ticks():
+    """The runs of ticks due after the first run was made: past the start-up, whose ticks may be caught up at once."""
+    runs = list(WorkflowRun.objects.filter(schedule__isnull=False).order_by("scheduled_for"))
+    return [run for run in runs if run.scheduled_for > runs[0].created_at + SECOND] if runs else []
+
+
 def test_the_leader_fires_each_tick_within_a_second_of_its_time_with_a_long_sweep_interval(dispatchers):
     every_second()
     process = dispatchers("--concurrency", "2", settings=SETTINGS)
-    eventually(lambda: len(ticks()) >= 8, timeout=60, what="eight ticks")
+    # Five ticks past the start-up, however long the start-up took on a loaded machine.
+    eventually(lambda: len(steady_ticks()) >= 5, timeout=60, what="five ticks past the start-up")
     process.send(signal.SIGTERM)
     assert process.wait() == 0, process.output()
 
     runs = list(WorkflowRun.objects.filter(schedule__isnull=False).order_by("scheduled_for"))
     assert_each_tick_once_and_none_lost([run.scheduled_for for run in runs])
-    # Past the start-up (the first ticks may be caught up at once), each fired within a second.
-    steady = [run for run in runs if run.scheduled_for > runs[0].created_at + SECOND]
+    # Past the start-up, each fired within a second.
+    steady = steady_ticks()
     assert len(steady) >= 5
     late = [(run.created_at - run.scheduled_for).total_seconds() for run in steady]
     assert max(late) < 1.0, late

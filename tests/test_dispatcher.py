@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from pgbus_workflows.dispatcher import WorkflowDispatcher
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.states import RUN_TRANSITIONS
 from tests.procs import eventually
@@ -235,3 +236,19 @@ def test_the_commands_logs_go_to_the_projects_handlers_or_else_to_its_stdout(set
         assert "captured: True" in result.stdout
     else:  # the project's root handler gets them, and the command adds none of its own
         assert result.stdout.split() == ["captured:", "False", "propagated:", "True", "own", "handler:", "False"]
+
+
+def test_a_freed_slot_wakes_the_loop_only_when_its_last_claim_filled_every_slot():
+    loop = WorkflowDispatcher(concurrency=2)  # not run: its loop's rounds are called one by one
+    Counted.start()
+    loop._tick()  # two slots, one step due: all that was due is taken, and later work sends a NOTIFY
+    loop._wake.clear()
+    loop._slot_freed()
+    assert not loop._wake.is_set()
+
+    Counted.start()
+    Counted.start()
+    loop._tick()  # one slot left, two due: more may be waiting, so a freed slot must claim again
+    loop._slot_freed()
+    assert loop._wake.is_set()
+    assert WorkflowStep.objects.filter(status="in_progress").count() == 2

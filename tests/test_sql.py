@@ -192,8 +192,10 @@ def test_a_claim_of_its_own_is_one_statement_committed_without_waiting_for_the_d
     with statements_sent() as seen:
         (claimed,) = claim_due_steps(10)
 
-    # One statement in autocommit: its own transaction, one round trip, no BEGIN or COMMIT.
-    assert len(seen) == 1 and a_claim(seen[0]) and WITHOUT_FLUSH in seen[0]
+    # One statement in autocommit, its planner setting before it in the same pipeline: one
+    # transaction, one round trip, no BEGIN or COMMIT.
+    assert len(seen) == 2 and seen[0] == sql.statement("index_order_scans"), seen
+    assert a_claim(seen[1]) and WITHOUT_FLUSH in seen[1]
     assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with psycopg.connect(**_direct(), autocommit=True) as other:  # committed: another session sees it
         row = other.execute(f"SELECT status FROM {WorkflowStep._meta.db_table} WHERE id = %s", [claimed.pk])

@@ -1,7 +1,7 @@
 """Which of a dispatcher's worker threads run the work: few awake ones while bodies are quick.
 
 Steps arriving one at a time (web requests starting runs) would each wake the longest idle
-thread of sixteen; the most recently idle is woken instead, and while two workers are awake
+thread of sixteen; the most recently idle is woken instead, and while four workers are active
 the others leave quick work to them. Work never waits long behind a body that turned out slow.
 """
 
@@ -61,6 +61,33 @@ def test_steps_arriving_one_at_a_time_run_on_the_warm_worker_not_on_each_of_sixt
 
     # The worker that worked last is woken each time; the longest idle would be each of the sixteen in turn.
     assert len(writers) == 1 and sum(writers.values()) == 90, writers
+
+
+def test_a_burst_of_quick_steps_runs_on_about_four_of_sixteen_workers(pool_of, monkeypatch):
+    runners = Counter()
+    real_perform = workers_module.perform_step
+
+    def counted(step, **kwargs):
+        runners[threading.current_thread().name] += 1
+        return real_perform(step, **kwargs)
+
+    monkeypatch.setattr(workers_module, "perform_step", counted)
+    pool = pool_of(16)
+    warm = NoOp3.start()
+    pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # the pool learns its bodies are quick
+    eventually(lambda: warm.reload().status == "finished", what="the warm-up run")
+    eventually(lambda: len(pool._idle) == 16, what="every worker idle again")
+    runners.clear()
+
+    burst = [NoOp3.start() for _ in range(60)]
+    pool.hand_out(claim_due_steps(60, claimed_by="w"), verify=True)  # 180 quick bodies: 60 claimed, 120 chained
+    eventually(lambda: all(wf.reload().status == "finished" for wf in burst), what="the burst")
+
+    # Four active workers take it (a fifth may join while one of them finds the queue empty
+    # for a moment, then stays); the others sleep through it.
+    assert sum(runners.values()) == 180
+    busiest = sum(count for _, count in runners.most_common(4))
+    assert busiest >= 0.75 * 180 and len(runners) <= 6, runners  # waking all, each of the 16 ran some
 
 
 def test_a_quick_step_is_not_held_up_behind_awake_workers_whose_bodies_turned_out_slow(pool_of):

@@ -150,9 +150,13 @@ def _claim_pass(
     db = transaction.get_connection()
     params += [rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)]
     params += [now, *([] if queues is None else [queues])] * 3  # the look-ahead: steps, jobs later, jobs now
-    with sql.bound_cursor() as cursor:
-        cursor.execute(sql.statement("claim_steps", queues is not None, len(unknown), own_transaction), params)
-        found = cursor.fetchall()
+    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction)
+    if own_transaction:
+        found = sql.fetch_in_index_order(text, params)
+    else:  # the setting would last until the caller's commit
+        with sql.bound_cursor() as cursor:
+            cursor.execute(text, params)
+            found = cursor.fetchall()
     ahead = LookAhead(found[0][1], jobs_due=bool(found[0][2]))
     split = 5 + len(WorkflowRun._meta.concrete_fields)
     claimed, passed_over = [], set()

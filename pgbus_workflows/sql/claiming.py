@@ -109,6 +109,12 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     )
 
 
+@builds("index_order_scans")
+def index_order_scans(conn: Any) -> str:
+    """No bitmap scans for the rest of the transaction (PostgreSQL): see ``sql.fetch_in_index_order``."""
+    return "SELECT set_config('enable_bitmapscan', 'off', true)"
+
+
 @builds("steps_in_progress")
 def steps_in_progress(conn: Any) -> str:
     """Which of an array of steps are still in progress (PostgreSQL)."""

@@ -121,3 +121,27 @@ def test_a_claim_of_its_own_is_planned_without_bitmap_scans_and_one_in_the_calle
     (plan,) = [p for p in executed_plans if "CTE due" in p]
     assert "enable_bitmapscan" not in plan, plan
     assert claimed.run_id == second.record.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_claim_of_its_own_is_planned_without_bitmap_scans(executed_plans):
+    wf = Squares.start(count=3)
+    execute_step(claim_step(WorkflowStep.objects.get(run=wf.record).pk))
+    executed_plans.clear()
+
+    jobs = claim_due_jobs(2)
+
+    (plan,) = [p for p in executed_plans if "pgbus_wf_job_due" in p and "LockRows" in p]
+    assert "enable_bitmapscan = 'off'" in plan and "Bitmap" not in plan, plan
+    assert len(jobs) == 2
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW enable_bitmapscan")
+        assert cursor.fetchone()[0] == "on"  # the claim's transaction's own setting
+    executed_plans.clear()
+
+    with transaction.atomic():
+        (job,) = claim_due_jobs(2)
+
+    (plan,) = [p for p in executed_plans if "pgbus_wf_job_due" in p and "LockRows" in p]
+    assert "enable_bitmapscan" not in plan, plan  # the caller's transaction is left as it was
+    assert job.pk not in {j.pk for j in jobs}

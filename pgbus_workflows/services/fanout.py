@@ -55,11 +55,13 @@ def claim_due_jobs(limit: int, queues: Iterable[str] | None = None, claimed_by: 
         return []
     now = clock.now()
     cutoff = now - settings.UNKNOWN_STEP_GRACE
+    own_transaction = not transaction.get_connection().in_atomic_block
     with transaction.atomic():
-        for _ in range(5):
+        for attempt in range(5):
             # tuple(): a copy made at once, as worker threads claim jobs too (the set may grow meanwhile)
             unknown = sorted(path for path in tuple(_unimportable) if not can_run_job(path))
-            found = _due_jobs(limit, None if queues is None else list(queues), now, cutoff, unknown)
+            in_index_order = own_transaction and attempt == 0  # a setting that lasts until the commit
+            found = _due_jobs(limit, None if queues is None else list(queues), now, cutoff, unknown, in_index_order)
             new = {path for _, path, at in found if at > cutoff and not can_run_job(path)}
             if not new:
                 break
@@ -73,9 +75,13 @@ _unimportable: set[str] = set()
 
 
 def _due_jobs(
-    limit: int, queues: list[str] | None, now: datetime, cutoff: datetime, unknown: list[str]
+    limit: int, queues: list[str] | None, now: datetime, cutoff: datetime, unknown: list[str], in_index_order: bool
 ) -> list[tuple[int, str, datetime]]:
-    """``(id, function, scheduled_at)`` of due pending jobs, locked; ``unknown`` functions left out until ``cutoff``."""
+    """``(id, function, scheduled_at)`` of due pending jobs, locked; ``unknown`` functions left out until ``cutoff``.
+
+    ``in_index_order``: the claim's own transaction plans it without bitmap scans from now on
+    (``sql.fetch_in_index_order``), as a step's claim is planned.
+    """
     if not sql.postgresql():  # SQLite: one process writes at a time, there is nothing to skip
         due = FanOutJob.objects.filter(status=JobStatus.PENDING, scheduled_at__lte=now)
         if queues is not None:
@@ -86,6 +92,8 @@ def _due_jobs(
         return list(due.values_list("pk", "function", "scheduled_at")[:limit])
     params: list[Any] = [now, *([] if queues is None else [queues]), *([unknown, cutoff] if unknown else [])]
     text = sql.statement("due_jobs", queues is not None, bool(unknown))
+    if in_index_order:
+        return [(pk, path, at) for pk, path, at in sql.fetch_in_index_order(text, [*params, limit])]
     with sql.cursor() as cursor:
         cursor.execute(text, [*params, limit])
         return [(pk, path, at) for pk, path, at in cursor.fetchall()]

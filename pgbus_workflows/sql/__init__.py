@@ -97,17 +97,19 @@ def bound_cursor() -> Iterator[Any]:
 
 
 def fetch_in_index_order(text: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """Run one statement as a transaction of its own (autocommit), planned without bitmap scans; its rows.
+    """Run one statement planned without bitmap scans, as is every later one of its transaction; its rows.
 
-    For the claim, which reads the first due steps in the order of a partial index. When the
-    planner expects few due rows (statistics from a table that was small, or from before a
-    burst), it picks a bitmap scan of that index and a sort: it then reads every entry the
-    vacuum has not removed yet, those of steps claimed since included, on every claim, as a
-    bitmap scan never marks an entry dead (an ordered index scan marks those it finds dead
-    and stops at the limit). Measured: a claim took 5 ms instead of 1.7 ms after 30,000 steps
-    left the index. The setting is the transaction's own (``set_config`` local), sent with the
-    statement in one pipeline: one round trip, one transaction, nothing left on the session.
-    The connection is checked as :func:`bound_cursor` checks it.
+    Only in a transaction of the caller's own: in autocommit (the statement is its
+    transaction) or in an atomic block it opened. For the claims, which read the first due
+    steps or jobs in the order of a partial index. When the planner expects few due rows
+    (statistics from a table that was small, or from before a burst), it picks a bitmap
+    scan of that index and a sort: it then reads every entry the vacuum has not removed yet,
+    those of steps claimed since included, on every claim, as a bitmap scan never marks an
+    entry dead (an ordered index scan marks those it finds dead and stops at the limit).
+    Measured: a claim took 5 ms instead of 1.7 ms after 30,000 steps left the index. The
+    setting is the transaction's own (``set_config`` local), sent with the statement in one
+    pipeline: one round trip, nothing left on the session. The connection is checked as
+    :func:`bound_cursor` checks it.
     """
     db = connections[DEFAULT_DB_ALIAS]
     db.close_if_health_check_failed()

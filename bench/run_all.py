@@ -22,7 +22,7 @@ from bench.common import drop_database, pgbench_tps, recreate_database
 from bench.dispatch import median_throughput
 from bench.fanout import drain
 from bench.history import compare
-from bench.trickle import Row, machine_row, measure_ours, measure_peer, parse_sizes, print_table, rows
+from bench.trickle import Row, machine_row, measure, parse_sizes, print_table, rows
 
 
 def main() -> None:
@@ -40,8 +40,7 @@ def main() -> None:
         two = median_throughput(runs, 2, c)
         unbatched = median_throughput(runs, 1, c, {"BATCH_SIZE": 1})
         insert, drained = drain(jobs, 1, c)
-        ours = measure_ours(sizes)
-        peer = None if args.no_peers else measure_peer(sizes)
+        ours, peer = measure(sizes, not args.no_peers)
         empty, full = compare(history, runs, c)
         memory = rss.measure(sizes.rss_steps)
     finally:

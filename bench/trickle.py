@@ -17,7 +17,8 @@ to ``pgbench -N`` (the machine's commit rate) and next to the issue's goal:
 - ``start()`` at idle: no dispatcher running; wall and CPU time per call and the statements
   Django's cursors send (``connection.execute_wrapper``; BEGIN and COMMIT are psycopg's own).
 - dispatcher RSS at rest and over a long run (``bench.rss``).
-- the same trickle and idle latency on Procrastinate (``bench.peers.procrastinate_bench``).
+- the same trickle and idle latency on Procrastinate (``bench.peers.procrastinate_bench``),
+  side by side with ours: each repetition runs ours, then the peer's (``measure``).
 
 ``--quick`` shrinks every size (a smoke run, not figures to publish).
 """
@@ -25,6 +26,7 @@ to ``pgbench -N`` (the machine's commit rate) and next to the issue's goal:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import platform
 import statistics
@@ -110,21 +112,16 @@ def trickle(runs: int, dispatchers: int, concurrency: int) -> Trickle:
     return Trickle.from_report(report, runs, last.timestamp())
 
 
-def median_trickle(runs: int, dispatchers: int, concurrency: int, repeat: int) -> TrickleSummary:
-    """``repeat`` trickles: the median steps/s, the calls of all pooled."""
-    return TrickleSummary.of([trickle(runs, dispatchers, concurrency) for _ in range(repeat)])
-
-
-def idle_latency(samples: int, concurrency: int = LATENCY_CONCURRENCY) -> Latency:
-    """From the client's ``start()`` call to the first line of the body, ``samples`` times, one idle dispatcher."""
+def latency_report(samples: int, concurrency: int = LATENCY_CONCURRENCY) -> dict[str, list[float]]:
+    """The client's report of ``samples`` delays from its ``start()`` call to the body, one idle dispatcher."""
     processes = start_dispatchers(1, concurrency)
     try:
         wait_registered(1)
         time.sleep(SETTLE_SECONDS)
-        report = client("latency", "--samples", str(samples))
+        report: dict[str, list[float]] = client("latency", "--samples", str(samples))
     finally:
         stop(processes)
-    return Latency.of(report)
+    return report
 
 
 @dataclass(frozen=True)
@@ -161,13 +158,6 @@ class Ours:
     latency: Latency
 
 
-def measure_ours(sizes: Sizes) -> Ours:
-    """``start()`` at idle, every trickle configuration, idle latency."""
-    cost = start_cost(sizes.cost_calls, sizes.many_runs)
-    trickles = {config: median_trickle(sizes.runs, *config, sizes.repeat) for config in CONFIGS}
-    return Ours(cost, trickles, idle_latency(sizes.latency_samples))
-
-
 @dataclass(frozen=True)
 class Peer:
     """Procrastinate's figures."""
@@ -177,14 +167,47 @@ class Peer:
     latency: Latency
 
 
-def measure_peer(sizes: Sizes) -> Peer:
-    """The trickle and idle latency on Procrastinate (its virtualenv is made the first time)."""
-    from bench.peers.procrastinate_bench import Procrastinate, version
+def measure(sizes: Sizes, peers: bool) -> tuple[Ours, Peer | None]:
+    """Our figures and, with ``peers``, Procrastinate's (its virtualenv is made the first time).
 
-    with Procrastinate() as peer:
-        trickles = [peer.trickle(sizes.runs, PEER_CONCURRENCY) for _ in range(sizes.repeat)]
-        latency = peer.latency(sizes.latency_samples, PEER_CONCURRENCY)
-    return Peer(version(), TrickleSummary.of(trickles), Latency.of(latency))
+    Side by side: each repetition runs our trickles, then the peer's, and each half of the
+    latency samples is taken from ours, then from the peer, so that a change in the
+    machine's speed during the run (another VM on the host, the disk) touches both sides
+    alike, not one block of measurements.
+    """
+    cost = start_cost(sizes.cost_calls, sizes.many_runs)
+    ours: dict[tuple[int, int], list[Trickle]] = {config: [] for config in CONFIGS}
+    theirs: list[Trickle] = []
+    latency: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})
+    with contextlib.ExitStack() as stack:
+        peer = stack.enter_context(_procrastinate()) if peers else None
+        for _ in range(sizes.repeat):
+            for config in CONFIGS:
+                ours[config].append(trickle(sizes.runs, *config))
+            if peer is not None:
+                theirs.append(peer.trickle(sizes.runs, PEER_CONCURRENCY))
+        for half in (sizes.latency_samples // 2, sizes.latency_samples - sizes.latency_samples // 2):
+            _extend(latency[0], latency_report(half))
+            if peer is not None:
+                _extend(latency[1], peer.latency(half, PEER_CONCURRENCY))
+    mine = Ours(cost, {config: TrickleSummary.of(runs) for config, runs in ours.items()}, Latency.of(latency[0]))
+    if not peers:
+        return mine, None
+    from bench.peers.procrastinate_bench import version
+
+    return mine, Peer(version(), TrickleSummary.of(theirs), Latency.of(latency[1]))
+
+
+def _procrastinate() -> Any:
+    from bench.peers.procrastinate_bench import Procrastinate
+
+    return Procrastinate()
+
+
+def _extend(report: dict[str, list[float]], more: dict[str, list[float]]) -> None:
+    """Add the samples of ``more`` to ``report`` (a client's latency report: lists by key)."""
+    for key, values in more.items():
+        report.setdefault(key, []).extend(values)
 
 
 #: One table row: measurement, value, ratio to pgbench -N, goal of the issue (and whether it is met).
@@ -352,8 +375,7 @@ def main() -> None:
     recreate_database()
     try:
         tps = pgbench_tps(4, sizes.pgbench_seconds)
-        ours = measure_ours(sizes)
-        peer = None if args.no_peers else measure_peer(sizes)
+        ours, peer = measure(sizes, not args.no_peers)
         memory = rss.measure(sizes.rss_steps)
     finally:
         drop_database()

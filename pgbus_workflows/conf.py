@@ -92,11 +92,6 @@ class WorkflowSettings:
         #: The settings object the values were read from, and the values read so far.
         self._read: tuple[object, dict[str, Any]] = (_NOTHING_READ, {})
 
-    def user_values(self) -> dict[str, Any]:
-        """The raw dict the project set (empty when it set none)."""
-        value = getattr(django_settings, "PGBUS_WORKFLOWS", None)
-        return dict(value) if isinstance(value, dict) else {}
-
     def __getattr__(self, name: str) -> Any:
         """A setting's value, read on first use and kept while Django serves the same settings."""
         # The object behind Django's lazy settings: override_settings swaps it. Read past

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from types import FrameType
@@ -41,12 +39,15 @@ from .services.fanout import claim_due_jobs, recover_jobs
 from .session import connection_params, probe_listen
 from .states import StepStatus
 from .sweep import Sweeper
+from .waker import Waker, stop_signals
 from .wakeups import Wakeups, announce, dispatchers_channel
 from .workers import WorkerPool
 
 logger = logging.getLogger("pgbus_workflows")
 
 DB_ERRORS = (OperationalError, InterfaceError)
+#: How long the shutdown waits for a heartbeat under way before it deletes the dispatcher's row.
+HEARTBEAT_JOIN_TIMEOUT = 5.0
 
 
 class WorkflowDispatcher:
@@ -71,7 +72,8 @@ class WorkflowDispatcher:
         self.shutdown_timeout = shutdown_timeout
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.sweeper = Sweeper()
-        self._wake = threading.Event()
+        #: Wakes the main loop; lock-free, so the signal handler may set it (``waker``).
+        self._wake = Waker()
         self._stopping = threading.Event()
         #: Whether a NOTIFY is claimed at once (first of its group) or a moment later (``wakeups``).
         self.wakeups = Wakeups(self.name, self.queues)
@@ -81,6 +83,8 @@ class WorkflowDispatcher:
         #: None with ``--no-schedules``: this process never fires schedule ticks.
         self.schedule_leader = ScheduleLeader(self.name, self._stopping) if schedules else None
         self._signals = 0
+        #: The signal that asked this process to stop, for the loop to act on (0: none yet).
+        self._signalled = 0
         self._orphans_possible = threading.Event()
         #: Set when the last claim took as much as there was room for: more may be due, so a
         #: freed slot wakes the loop. Otherwise new work announces itself (NOTIFY, the timer).
@@ -94,6 +98,7 @@ class WorkflowDispatcher:
             on_lost=self._orphans_possible.set,
         )
         self._swept = False
+        self._threads: dict[str, threading.Thread] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -126,11 +131,14 @@ class WorkflowDispatcher:
                 self._start_thread("pgbus-listener", self._listen)
             if self.schedule_leader is not None:
                 self._start_thread("pgbus-schedules", self.schedule_leader.run)
-        with _stop_signals(self._on_signal):
-            try:
-                self._loop()
-            finally:
-                abandoned = self._shut_down()
+        try:
+            with stop_signals(self._on_signal, self._wake):
+                try:
+                    self._loop()
+                finally:
+                    abandoned = self._shut_down()
+        finally:
+            self._wake.close()  # once no signal can write to it (the handlers are restored)
         if abandoned and threading.current_thread() is threading.main_thread():
             # Worker threads still run bodies whose attempts were stalled: do not wait for them.
             logging.shutdown()
@@ -144,12 +152,24 @@ class WorkflowDispatcher:
         self._regroup.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM/SIGINT: the loop stops (the first), or the process exits at once (the second).
+
+        It runs on the main thread between two of its bytecodes, wherever the loop is: it takes
+        no lock (the loop may hold it) and leaves the stopping and its log line to the loop.
+        """
         self._signals += 1
         if self._signals > 1:
-            logger.warning("Second signal: exiting at once; running steps are left to the sweep")
-            _flush_logs()
-            os._exit(1)
-        logger.info("Signal %s: finishing running steps, then exiting (signal again to exit at once)", signum)
+            try:
+                logger.warning("Second signal: exiting at once; running steps are left to the sweep")
+                _flush_logs()
+            finally:
+                os._exit(1)  # even when the log could not be written (a write it interrupted)
+        self._signalled = signum
+        self._wake.set()
+
+    def _act_on_signal(self) -> None:
+        """On the loop's thread: stop, as the first signal asked."""
+        logger.info("Signal %s: finishing running steps, then exiting (signal again to exit at once)", self._signalled)
         self.stop()
 
     def _register(self) -> None:
@@ -168,13 +188,14 @@ class WorkflowDispatcher:
         )
 
     def _start_thread(self, name: str, target: Any) -> None:
-        threading.Thread(target=target, name=name, daemon=True).start()
+        thread = self._threads[name] = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
 
     def _heartbeat(self) -> None:
         updated = Dispatcher.objects.filter(name=self.name).update(
             heartbeat_at=clock.now(), workers_alive=self.pool.alive()
         )
-        if not updated:
+        if not updated and not self._stopping.is_set():
             logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
             self._register()
         self.wakeups.elect()
@@ -216,6 +237,10 @@ class WorkflowDispatcher:
         if held:
             logger.info("Waiting up to %ss for %d claimed step(s)", self.shutdown_timeout, held)
         abandoned = self.pool.join(time.monotonic() + self.shutdown_timeout)
+        # A heartbeat under way when the stop came would otherwise register the row deleted below again.
+        heartbeat = self._threads.get("pgbus-heartbeat")
+        if heartbeat is not None:
+            heartbeat.join(HEARTBEAT_JOIN_TIMEOUT)
         try:
             if abandoned:
                 self._stall_own("shutdown_timeout")
@@ -248,20 +273,22 @@ class WorkflowDispatcher:
     def _loop(self) -> None:
         backoff = 0.5
         while not self._stopping.is_set():
+            if self._signalled:
+                self._act_on_signal()
+                return
             try:
                 timeout = self._tick()
                 backoff = 0.5
             except DB_ERRORS as error:
                 logger.warning("Database unavailable (%s); retrying in %.1fs", str(error).strip(), backoff)
                 connection.close()
-                self._stopping.wait(backoff)
+                self._wake.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 self._recover_after_outage()
                 continue
             if timeout is None:
                 return
             self._wake.wait(timeout)
-            self._wake.clear()
 
     def _tick(self) -> float | None:
         """One round: heartbeat, sweep, claim. Returns how long to sleep (None: ``once`` is done)."""
@@ -374,18 +401,3 @@ def _flush_logs() -> None:
         node = node.parent if node.propagate else None
     sys.stdout.flush()
     sys.stderr.flush()
-
-
-@contextmanager
-def _stop_signals(handler: Any) -> Iterator[None]:
-    """Install SIGTERM/SIGINT handlers for the block and restore the previous ones."""
-    if threading.current_thread() is not threading.main_thread():
-        logger.warning("Not on the main thread: SIGTERM/SIGINT are not handled")
-        yield
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -242,13 +242,14 @@ def test_a_freed_slot_wakes_the_loop_only_when_its_last_claim_filled_every_slot(
     loop = WorkflowDispatcher(concurrency=2)  # not run: its loop's rounds are called one by one
     Counted.start()
     loop._tick()  # two slots, one step due: all that was due is taken, and later work sends a NOTIFY
-    loop._wake.clear()
+    loop._wake.wait(0)  # forget the wake-ups so far
     loop._slot_freed()
-    assert not loop._wake.is_set()
+    assert not loop._wake.wait(0)
 
     Counted.start()
     Counted.start()
     loop._tick()  # one slot left, two due: more may be waiting, so a freed slot must claim again
     loop._slot_freed()
-    assert loop._wake.is_set()
+    assert loop._wake.wait(0)
+    loop._wake.close()
     assert WorkflowStep.objects.filter(status="in_progress").count() == 2

@@ -61,7 +61,8 @@ def test_a_sigterm_during_the_first_heartbeat_leaves_no_dispatcher_row():
     sigterm_at_each_line(1, 60)
 
 
-@override_settings(PGBUS_WORKFLOWS={"POLL_INTERVAL": 60})
+# Not PREPARED_STATEMENTS: on this process's connection, it would outlast the test.
+@override_settings(PGBUS_WORKFLOWS={"POLL_INTERVAL": 60, "PREPARED_STATEMENTS": False})
 def test_a_sigterm_delivered_to_another_thread_wakes_the_waiting_loop_at_once():
     """Python runs handlers on the main thread only, and a signal the kernel gave another
     thread does not interrupt the main thread's wait: the handler would wait for the poll

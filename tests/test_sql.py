@@ -233,3 +233,25 @@ def test_a_claim_inside_the_callers_transaction_rolls_back_with_it():
         raise RuntimeError("the caller's transaction rolls back")
     assert WorkflowStep.objects.get(pk=step.pk).status == "scheduled"  # the claim went with it
     assert not WorkflowEvent.objects.filter(run_id=wf.record.pk, kind="step_started").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_engines_cursors_read_timestamps_with_psycopgs_own_loader_as_django_would():
+    """Django's loader is psycopg's pure-Python one plus a zone set again (15 times the CPU):
+    the engine's cursors read the same aware datetimes with psycopg's compiled one."""
+    oid = psycopg.postgres.types["timestamptz"].oid
+    with sql.bound_cursor() as bound:
+        loader = bound.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+    assert loader is psycopg.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+    assert loader is not connection.connection.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+
+    Counted.start()
+    (claimed,) = claim_due_steps(1, claimed_by="d")  # read by the engine's claim statement
+    stored = WorkflowStep.objects.get(pk=claimed.pk)  # read by Django's loader
+    for name in ("scheduled_at", "started_at", "stall_at", "created_at"):
+        ours, djangos = getattr(claimed, name), getattr(stored, name)
+        assert (ours, ours.tzinfo) == (djangos, djangos.tzinfo), name
+    assert (claimed.run.status_changed_at, claimed.run.created_at) == (
+        stored.run.status_changed_at,
+        stored.run.created_at,
+    )

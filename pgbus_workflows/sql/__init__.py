@@ -20,7 +20,10 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 import psycopg
+from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
+from psycopg import postgres
+from psycopg.abc import Loader
 from psycopg.adapt import PyFormat
 
 from . import claiming  # noqa: F401  (registers the claims' statements)
@@ -155,12 +158,18 @@ class PreparedCursor(psycopg.RawCursor[Any]):
     PostgreSQL's ``$1, $2, ...`` once, so psycopg parses nothing per call (its own cache of
     converted queries leaves out any with more than 50 parameters, as a batch of rows has).
     Every parameter then takes its type's automatic format, and lists the binary one (a
-    text array costs psycopg about three times the CPU), as ``%b`` asked.
+    text array costs psycopg about three times the CPU), as ``%b`` asked. With ``USE_TZ``,
+    timestamps are read by psycopg's own loader (compiled, 0.3 µs each) rather than Django's
+    (psycopg's pure-Python one, then the zone set again: 4.4 µs), which would make them the
+    same aware datetimes in the connection's time zone, which Django set the session to: a
+    claim and the outcome's locks read about fourteen of them a step.
     """
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         super().__init__(connection)
         self.adapters.register_dumper(list, _BINARY_LIST)
+        if django_settings.USE_TZ:
+            self.adapters.register_loader("timestamptz", _TIMESTAMPTZ)
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         """Run ``query``, prepared where allowed (Django's wrapper passes no ``prepare``)."""
@@ -174,6 +183,18 @@ class PreparedCursor(psycopg.RawCursor[Any]):
 
 
 _BINARY_LIST = psycopg.adapters.get_dumper(list, PyFormat.BINARY)
+
+
+def _psycopg_loader(type_name: str) -> type[Loader]:
+    """psycopg's own loader of ``type_name`` text (its C one where psycopg's binary package is installed)."""
+    loader = psycopg.adapters.get_loader(postgres.types[type_name].oid, psycopg.pq.Format.TEXT)
+    if loader is None:  # psycopg registers one for every built-in type
+        raise LookupError(f"psycopg has no loader of {type_name}")
+    return loader
+
+
+_TIMESTAMPTZ = _psycopg_loader("timestamptz")
+
 #: Whether :class:`PreparedCursor` prepares on a connection: asked once per connection.
 _preparing: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
 

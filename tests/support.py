@@ -7,10 +7,12 @@ and reads the rows afresh.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.db import connection
@@ -36,6 +38,27 @@ def statements_sent() -> Iterator[list[str]]:
 
     with connection.execute_wrapper(record):
         yield seen
+
+
+@contextmanager
+def round_trips() -> Iterator[Callable[[], int]]:
+    """How many times the connection waited for the server in the block (libpq's trace: each ReadyForQuery).
+
+    A pipeline's sync and a plain statement are one each, however many statements a
+    pipeline holds. Call the yielded function after the block.
+    """
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        counted: list[int] = []
+        try:
+            yield lambda: counted[0]
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            counted.append(sum("\tReadyForQuery" in line for line in trace if line.startswith("B")))
 
 
 # -- side effects --------------------------------------------------------------------------------

@@ -16,11 +16,13 @@ from django.test.utils import CaptureQueriesContext
 
 from pgbus_workflows import bulk, sql
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.applying import apply_outcomes
+from pgbus_workflows.services.body import Chain
 from pgbus_workflows.services.claims import claim_due_steps
-from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
 from pgbus_workflows.sql.statements import BUILDERS
-from tests.support import statements_sent
+from tests.support import round_trips, statements_sent
 from tests.testapp.workflows import Counted, Squares
 
 pytestmark = pytest.mark.django_db
@@ -255,3 +257,18 @@ def test_the_engines_cursors_read_timestamps_with_psycopgs_own_loader_as_django_
         stored.run.status_changed_at,
         stored.run.created_at,
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_outcomes_is_four_round_trips_its_transactions_id_asked_with_its_locks():
+    """The id a lost COMMIT is checked by (``commit_once``) needs no round trip of its own."""
+    for _ in range(3):
+        Counted.start()
+    performed = [perform_step(step, verify=False) for step in claim_due_steps(3, claimed_by="d")]
+    with round_trips() as trips:
+        apply_outcomes(performed, Chain("d"))
+    # BEGIN (psycopg syncs it apart in a pipeline); the locks and the id; the writes and the
+    # next steps' claim; the COMMIT.
+    assert trips() == 4
+    assert WorkflowStep.objects.filter(status="completed").count() == 3
+    assert WorkflowStep.objects.filter(status="in_progress", claimed_by="d").count() == 3  # chained

@@ -71,7 +71,8 @@ def locked_steps(
     per run. Runs are locked in key order, then their steps. Each item gets a unit, in the
     order of ``items``: its ledger and its step (the step is None when it is gone, the
     ledger too when the run is). The units' writes are sent together when the block ends:
-    four round trips with the commit, for any number of units. ``savepoint=False`` joins the
+    four round trips with the BEGIN and the COMMIT, for any number of units (``commit_once``
+    asks for the transaction's id in the locks' round trip). ``savepoint=False`` joins the
     caller's transaction as it is (the caller rolls back everything on an error).
     """
     if not sql.postgresql():

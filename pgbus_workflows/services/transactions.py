@@ -89,8 +89,13 @@ def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6)
         state: _Transaction[T] = _Transaction()
         try:
             with transaction.atomic():
-                state.xid, state.backend = _identify()
-                state.result = work()
+                identity = _identify()
+                try:
+                    state.result = work()
+                    state.xid, state.backend = _identity(identity)
+                finally:
+                    if identity is not None:
+                        identity.drop()
                 state.finished = True
             return state.result
         except CONNECTION_ERRORS as error:
@@ -106,14 +111,21 @@ def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6)
     raise AssertionError("unreachable")
 
 
-def _identify() -> tuple[str | None, int | None]:
-    """This transaction's id (assigned now) and this connection's server process, on PostgreSQL."""
-    if not sql.postgresql():
+def _identify() -> sql.Lead | None:
+    """Ask for this transaction's id (assigned then) and this connection's server process, on PostgreSQL.
+
+    The question goes with the work's first pipeline (the locks of a batch, say), in its
+    round trip; :func:`_identity` reads the answer before the COMMIT.
+    """
+    return sql.lead_with(sql.statement("transaction_id")) if sql.postgresql() else None
+
+
+def _identity(lead: sql.Lead | None) -> tuple[str | None, int | None]:
+    """The answer to :func:`_identify`: the transaction's id and the server process (None, None off PostgreSQL)."""
+    if lead is None:
         return None, None
-    with sql.pipeline() as cursor:  # the transaction's BEGIN goes in the same round trip
-        cursor.execute(sql.statement("transaction_id"))
-        row: Any = cursor.fetchone()
-    return row[0], row[1]
+    xid, backend = lead.row()
+    return xid, backend
 
 
 def _committed(state: _Transaction[Any]) -> bool:

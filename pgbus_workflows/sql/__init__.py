@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 import weakref
 from collections.abc import Hashable, Iterator
 from contextlib import closing, contextmanager
@@ -74,12 +75,58 @@ def pipeline() -> Iterator[Any]:
     """
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
+    lead, _lead.pending = getattr(_lead, "pending", None), None
     with db.wrap_database_errors, db.connection.pipeline():
+        if lead is not None:
+            lead.send()
         first = pipelined_cursor()
         try:
             yield first
         finally:
             first.close()
+
+
+class Lead:
+    """A statement of one row that goes with the next :func:`pipeline` of this thread: no round trip of its own.
+
+    :func:`lead_with` makes one; :meth:`row` reads its row once the pipeline that took it
+    has synced, or sends it then when no pipeline did.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._cursor: Any = None
+
+    def send(self) -> None:
+        """Queue it (inside a pipeline)."""
+        self._cursor = pipelined_cursor()
+        self._cursor.execute(self.text)
+
+    def row(self) -> tuple[Any, ...]:
+        """Its row: from the pipeline that took it, or sent now (one round trip) if none did."""
+        if _lead.pending is self:
+            _lead.pending = None
+            with pipeline():
+                self.send()
+        try:
+            return tuple(self._cursor.fetchone())
+        finally:
+            self._cursor.close()
+
+    def drop(self) -> None:
+        """Not to be sent after all (the work ended before a pipeline took it)."""
+        if getattr(_lead, "pending", None) is self:
+            _lead.pending = None
+
+
+#: The statement the next pipeline of each thread leads with (``pending``), if any.
+_lead = threading.local()
+
+
+def lead_with(text: str) -> Lead:
+    """Have the next :func:`pipeline` of this thread send ``text`` first, in its round trip."""
+    lead = _lead.pending = Lead(text)
+    return lead
 
 
 @contextmanager
@@ -169,7 +216,7 @@ class PreparedCursor(psycopg.RawCursor[Any]):
         super().__init__(connection)
         self.adapters.register_dumper(list, _BINARY_LIST)
         if django_settings.USE_TZ:
-            self.adapters.register_loader("timestamptz", _TIMESTAMPTZ)
+            self.adapters.register_loader(_TIMESTAMPTZ_OID, _TIMESTAMPTZ)  # by number: no lookup per cursor
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         """Run ``query``, prepared where allowed (Django's wrapper passes no ``prepare``)."""
@@ -185,15 +232,16 @@ class PreparedCursor(psycopg.RawCursor[Any]):
 _BINARY_LIST = psycopg.adapters.get_dumper(list, PyFormat.BINARY)
 
 
-def _psycopg_loader(type_name: str) -> type[Loader]:
-    """psycopg's own loader of ``type_name`` text (its C one where psycopg's binary package is installed)."""
-    loader = psycopg.adapters.get_loader(postgres.types[type_name].oid, psycopg.pq.Format.TEXT)
+def _psycopg_loader(oid: int) -> type[Loader]:
+    """psycopg's own loader of type ``oid``'s text (its C one where psycopg's binary package is installed)."""
+    loader = psycopg.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
     if loader is None:  # psycopg registers one for every built-in type
-        raise LookupError(f"psycopg has no loader of {type_name}")
+        raise LookupError(f"psycopg has no loader of type {oid}")
     return loader
 
 
-_TIMESTAMPTZ = _psycopg_loader("timestamptz")
+_TIMESTAMPTZ_OID = postgres.types["timestamptz"].oid
+_TIMESTAMPTZ = _psycopg_loader(_TIMESTAMPTZ_OID)
 
 #: Whether :class:`PreparedCursor` prepares on a connection: asked once per connection.
 _preparing: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()

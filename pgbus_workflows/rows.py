@@ -128,7 +128,7 @@ def insert_run(run: Model, step: Model, event: Model, notify: tuple[str, str]) -
     params = [prepared(run, attname, prepare, db) for attname, prepare in insert_columns(type(run))]
     for child in (step, event):
         params += [prepared(child, a, p, db) for a, p in insert_columns(type(child), leave_out=("run_id",))]
-    with sql.bound_cursor() as cursor:
+    with sql.bound_cursor(timestamps=False) as cursor:  # it returns keys
         cursor.execute(sql.statement("start_run"), [*params, *notify])
         row = cursor.fetchone()
     if row is None:

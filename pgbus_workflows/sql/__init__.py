@@ -287,9 +287,8 @@ def numbered(query: str) -> str:
 def pipelined_cursor(*, timestamps: bool = True) -> Any:
     """Another prepared, server-binding Django cursor on the connection (in its pipeline, if any)."""
     db = connections[DEFAULT_DB_ALIAS]
-    prepared: Any = PreparedCursor(
-        db.connection, timestamps=timestamps
-    )  # the stubs want a wrapper: Django wraps a DB-API cursor
+    # Any: the stubs want a wrapper where Django wraps a DB-API cursor.
+    prepared: Any = PreparedCursor(db.connection, timestamps=timestamps)
     # Django's own wrapper around it: execute wrappers, query logging and counting see it.
     return db.make_debug_cursor(prepared) if db.queries_logged else db.make_cursor(prepared)
 

@@ -21,6 +21,7 @@ from pgbus_workflows.services.body import Chain
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
+from pgbus_workflows.services.transactions import commit_once
 from pgbus_workflows.sql.statements import BUILDERS
 from tests.support import round_trips, statements_sent
 from tests.testapp.workflows import Counted, Squares
@@ -272,3 +273,19 @@ def test_a_batch_of_outcomes_is_four_round_trips_its_transactions_id_asked_with_
     assert trips() == 4
     assert WorkflowStep.objects.filter(status="completed").count() == 3
     assert WorkflowStep.objects.filter(status="in_progress", claimed_by="d").count() == 3  # chained
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_id_is_asked_with_the_first_pipeline_or_before_the_commit_when_none_ran():
+    """``commit_once`` needs the id before its COMMIT either way (a lost COMMIT is checked by it)."""
+    Counted.start()
+    with statements_sent() as sent:
+        commit_once(lambda: WorkflowRun.objects.count())  # the ORM only: no pipeline takes the question
+    assert "pg_current_xact_id" in sent[-1]  # asked after the work, before the COMMIT
+
+    (step,) = claim_due_steps(1, claimed_by="d")
+    performed = perform_step(step, verify=False)
+    with statements_sent() as sent:
+        apply_outcomes([performed], Chain("d"))
+    asked = next(n for n, text in enumerate(sent) if "pg_current_xact_id" in text)
+    assert "FOR UPDATE" in sent[asked + 1]  # queued just before the locks, in their round trip

@@ -4,18 +4,29 @@ With sequential and bitmap scans turned off, the planner shows whether an index 
 the query: a change to its WHERE or ORDER BY that the partial index no longer matches shows
 up here as a Sort or another index, long before it shows up as a slow claim in production.
 A claim of its own is planned with bitmap scans off (``auto_explain`` shows what ran).
+
+A dispatcher's connections live for days and keep each prepared statement's plan. A plan made
+while the tables were small (a new install, or autovacuum off or behind, as on this machine's
+PostgreSQL) reads a whole table for what an index finds in a few pages, and goes on doing so
+as the table grows, until an ANALYZE of it happens to invalidate the plan: the claim and the
+outcome's transaction are planned without sequential scans too.
 """
 
 import json
+import threading
 
 import pytest
 from django.db import connection, transaction
+from psycopg import sql as psql
 
-from pgbus_workflows.models import WorkflowStep
-from pgbus_workflows.services.claims import claim_due_steps, claim_step
-from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows import sql
+from pgbus_workflows.models import WorkflowRun, WorkflowStep
+from pgbus_workflows.services.applying import apply_outcomes
+from pgbus_workflows.services.body import Chain
+from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step
+from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs
-from tests.testapp.workflows import Counted, Squares
+from tests.testapp.workflows import Counted, NoOp3, Squares
 
 pytestmark = pytest.mark.django_db
 
@@ -50,9 +61,9 @@ def claim_statement(claim, marker: str) -> tuple[str, list]:
 
 def test_the_claim_query_walks_the_partial_due_index_in_order_without_sorting():
     Counted.start()
-    sql = claim_statement(lambda: claim_due_steps(10), "FOR UPDATE OF r, s")
+    statement = claim_statement(lambda: claim_due_steps(10), "FOR UPDATE OF r, s")
 
-    plan = plan_of(sql)
+    plan = plan_of(statement)
     kinds = [(n["Node Type"], n.get("Index Name")) for n in nodes(plan)]
     assert ("Index Scan", "pgbus_wf_step_due") in kinds, json.dumps(plan, indent=1)
     assert "Sort" not in [kind for kind, _ in kinds], json.dumps(plan, indent=1)
@@ -61,9 +72,9 @@ def test_the_claim_query_walks_the_partial_due_index_in_order_without_sorting():
 def test_the_job_claim_query_walks_the_partial_due_jobs_index_in_order_without_sorting():
     wf = Squares.start(count=3)
     execute_step(claim_step(WorkflowStep.objects.get(run=wf.record).pk))
-    sql = claim_statement(lambda: claim_due_jobs(10), "status = 'pending'")
+    statement = claim_statement(lambda: claim_due_jobs(10), "status = 'pending'")
 
-    plan = plan_of(sql)
+    plan = plan_of(statement)
     kinds = [(n["Node Type"], n.get("Index Name")) for n in nodes(plan)]
     assert ("Index Scan", "pgbus_wf_job_due") in kinds, json.dumps(plan, indent=1)
     assert "Sort" not in [kind for kind, _ in kinds], json.dumps(plan, indent=1)
@@ -145,3 +156,75 @@ def test_a_job_claim_of_its_own_is_planned_without_bitmap_scans(executed_plans):
     (plan,) = [p for p in executed_plans if "pgbus_wf_job_due" in p and "LockRows" in p]
     assert "enable_bitmapscan" not in plan, plan  # the caller's transaction is left as it was
     assert job.pk not in {j.pk for j in jobs}
+
+
+TABLES = (WorkflowRun._meta.db_table, WorkflowStep._meta.db_table)
+
+
+def sequential_scans() -> dict[str, int]:
+    """Sequential scans of the runs and steps tables so far (this session's counts flushed first)."""
+    if connection.cursor().connection.info.server_version < 150000:
+        pytest.skip("pg_stat_force_next_flush() needs PostgreSQL 15")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # flushed as the session goes idle after it
+        cursor.execute("SELECT relname, seq_scan FROM pg_stat_user_tables WHERE relname = ANY(%s)", [list(TABLES)])
+        return dict(cursor.fetchall())
+
+
+def start_elsewhere(runs: int) -> None:
+    """Start ``runs`` runs on another connection, as a web process would (its session plans its own statements)."""
+
+    def start() -> None:
+        try:
+            NoOp3.start_many([{} for _ in range(runs)])
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+
+
+def run_steps_as_a_worker() -> int:
+    """A worker's path one step at a time: a claim, the body, the outcome (which claims the run's next step)."""
+    chain, ran = Chain("test"), 0
+    while claimed := claim_and_look_ahead(1, claimed_by="test")[0]:
+        while claimed:
+            done = perform_step(claimed[0], chain=chain, verify=False)
+            apply_outcomes([done] if isinstance(done, tuple) else [], chain)
+            ran += 1
+            claimed = chain.take()
+    return ran
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_and_outcomes_read_runs_and_steps_by_index_when_the_tables_looked_empty(monkeypatch):
+    monkeypatch.setattr(sql, "_prepared_at", set())
+    connection.ensure_connection()
+    sql.prepare_statements(connection.connection)  # plans cached for the connection, as a dispatcher's are
+    with connection.cursor() as cursor:
+        for name in TABLES:  # the statistics of empty tables: a whole-table read looks free
+            cursor.execute(psql.SQL("ANALYZE {}").format(psql.Identifier(name)).as_string(None))
+    start_elsewhere(40)
+    before = sequential_scans()
+
+    assert run_steps_as_a_worker() == 120  # past the five runs after which a prepared statement's plan is kept
+
+    assert sequential_scans() == before
+    assert WorkflowRun.objects.filter(status="finished").count() == 40
+    assert setting("enable_seqscan") == "on"  # each transaction's own setting
+
+
+def setting(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(psql.SQL("SHOW {}").format(psql.Identifier(name)).as_string(None))
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_applied_inside_the_callers_transaction_leaves_its_planner_settings_alone():
+    wf = Counted.start()
+    with transaction.atomic():
+        execute_step(claim_step(WorkflowStep.objects.get(run=wf.record).pk))
+        assert (setting("enable_seqscan"), setting("enable_bitmapscan")) == ("on", "on")
+    assert WorkflowStep.objects.filter(run=wf.record, status="completed").count() == 1

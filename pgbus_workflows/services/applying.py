@@ -33,7 +33,7 @@ def apply_outcomes(
     if not performed:
         return []
     try:
-        results, chained = commit_once(partial(_apply_together, performed, chain))
+        results, chained = commit_once(partial(_apply_together, performed, chain), on_indexes=True)
     except CONNECTION_ERRORS:
         raise
     except Exception as error:
@@ -95,7 +95,7 @@ def apply_instead(
     for forced in (None, "pause"):
         instead = StepOutcome.from_error(error, forced_action=forced, details=details)
         try:
-            results, chained = commit_once(partial(_apply_together, [(step, instead)], chain))
+            results, chained = commit_once(partial(_apply_together, [(step, instead)], chain), on_indexes=True)
         except CONNECTION_ERRORS:
             raise
         except Exception:

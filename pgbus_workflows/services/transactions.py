@@ -73,13 +73,20 @@ class _Transaction(Generic[T]):
     finished: bool = False
 
 
-def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6) -> T:
+def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6, on_indexes: bool = False) -> T:
     """Run ``work`` in a transaction and commit it exactly once, whatever the connection does.
 
     When the connection drops: reconnect; if the transaction committed, return what ``work``
     returned; if it did not, run it again (``retry=True``) or raise the connection error
     (``retry=False``: the caller recovers another way). :class:`CommitUnknown` when the server
     cannot be asked. Inside a caller's transaction it is a savepoint of it, and errors go up.
+
+    ``on_indexes`` (the engine's own statements only, never a step's body): the transaction
+    plans without sequential or bitmap scans, set with the question of its id, so from
+    the work's first pipeline on. A dispatcher's connection keeps each prepared statement's
+    plan for its life; one made while the tables were small (a new install, or autovacuum
+    off or behind, so no ANALYZE since) would read a whole table for the few rows a key finds,
+    on every call, as the table grows. Not inside a caller's transaction, which it would outlast.
     """
     if connection.in_atomic_block:
         with transaction.atomic():  # a savepoint: a failure leaves the caller's transaction usable
@@ -89,7 +96,7 @@ def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6)
         state: _Transaction[T] = _Transaction()
         try:
             with transaction.atomic():
-                identity = _identify()
+                identity = _identify(on_indexes)
                 try:
                     state.result = work()
                     state.xid, state.backend = _identity(identity)
@@ -111,20 +118,21 @@ def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6)
     raise AssertionError("unreachable")
 
 
-def _identify() -> sql.Lead | None:
+def _identify(on_indexes: bool) -> sql.Lead | None:
     """Ask for this transaction's id (assigned then) and this connection's server process, on PostgreSQL.
 
     The question goes with the work's first pipeline (the locks of a batch, say), in its
-    round trip; :func:`_identity` reads the answer before the COMMIT.
+    round trip; :func:`_identity` reads the answer before the COMMIT. ``on_indexes``: see
+    :func:`commit_once`.
     """
-    return sql.lead_with(sql.statement("transaction_id")) if sql.postgresql() else None
+    return sql.lead_with(sql.statement("transaction_id", on_indexes)) if sql.postgresql() else None
 
 
 def _identity(lead: sql.Lead | None) -> tuple[str | None, int | None]:
     """The answer to :func:`_identify`: the transaction's id and the server process (None, None off PostgreSQL)."""
     if lead is None:
         return None, None
-    xid, backend = lead.row()
+    xid, backend = lead.row()[:2]
     return xid, backend
 
 

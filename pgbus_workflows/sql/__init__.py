@@ -148,7 +148,7 @@ def bound_cursor(*, timestamps: bool = True) -> Iterator[Any]:
 
 
 def fetch_in_index_order(text: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """Run one statement planned without bitmap scans, as is every later one of its transaction; its rows.
+    """Run one statement planned on indexes, as is every later one of its transaction; its rows.
 
     Only in a transaction of the caller's own: in autocommit (the statement is its
     transaction) or in an atomic block it opened. For the claims, which read the first due
@@ -157,7 +157,9 @@ def fetch_in_index_order(text: str, params: list[Any]) -> list[tuple[Any, ...]]:
     scan of that index and a sort: it then reads every entry the vacuum has not removed yet,
     those of steps claimed since included, on every claim, as a bitmap scan never marks an
     entry dead (an ordered index scan marks those it finds dead and stops at the limit).
-    ``bench.dead_entries`` measures both plans. The setting is the transaction's own
+    ``bench.dead_entries`` measures both plans. Sequential scans are off too: a plan the
+    connection made while the tables were small would read them whole on every claim as they
+    grow (see ``services.transactions.commit_once``'s ``on_indexes``). The setting is the transaction's own
     (``set_config`` local), sent with the statement in one pipeline: one round trip, nothing
     left on the session. The connection is checked as :func:`bound_cursor` checks it.
     """

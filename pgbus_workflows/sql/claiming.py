@@ -111,8 +111,11 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
 
 @builds("index_order_scans")
 def index_order_scans(conn: Any) -> str:
-    """No bitmap scans for the rest of the transaction (PostgreSQL): see ``sql.fetch_in_index_order``."""
-    return "SELECT set_config('enable_bitmapscan', 'off', true)"
+    """Plans on indexes for the rest of the transaction: no bitmap, no sequential scans (PostgreSQL).
+
+    See ``sql.fetch_in_index_order``; ``transaction_id`` may do the same for the rest of its transaction.
+    """
+    return "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
 
 
 @builds("steps_in_progress")

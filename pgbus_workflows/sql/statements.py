@@ -306,9 +306,14 @@ def constraints_deferred(conn: Any) -> str:
 
 
 @builds("transaction_id")
-def transaction_id(conn: Any) -> str:
-    """This transaction's id and this session's backend pid (PostgreSQL)."""
-    return "SELECT pg_current_xact_id()::text, pg_backend_pid()"
+def transaction_id(conn: Any, on_indexes: bool = False) -> str:
+    """This transaction's id and this session's backend pid (PostgreSQL).
+
+    ``on_indexes``: the rest of the transaction is planned without sequential or bitmap
+    scans, as a claim is (``index_order_scans``).
+    """
+    settings = ", set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
+    return "SELECT pg_current_xact_id()::text, pg_backend_pid()" + (settings if on_indexes else "")
 
 
 @builds("transaction_status")

@@ -49,10 +49,10 @@ def insert_statement(
     varying: list[list[Any]] = []
     names = []
     for attname, prepare in columns:
-        values = [rows.prepared(obj, attname, prepare, db) for obj in instances]
+        values = rows.column_values(instances, attname, prepare, db)
         first = values[0]
         # A value every row shares goes once (a JSON value is an adapter object: never shared).
-        if not isinstance(first, (list, dict)) and all(value == first for value in values):
+        if not isinstance(first, (list, dict)) and values.count(first) == len(values):
             constants.append(first)
             names.append(attname)
         else:
@@ -94,7 +94,7 @@ def update_statements(changes: Sequence[tuple[Model, frozenset[str]]]) -> list[S
                 statements.append((text, [*(rows.prepared(obj, a, p, db) for a, p in columns), obj.pk]))
             continue
         params: list[Any] = [[obj.pk for obj in instances]]
-        params += [[rows.prepared(obj, attname, prepare, db) for obj in instances] for attname, prepare in columns]
+        params += [rows.column_values(instances, attname, prepare, db) for attname, prepare in columns]
         statements.append((sql.statement("unnest_update", model, ordered), params))
     return statements
 

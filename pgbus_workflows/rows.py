@@ -10,6 +10,7 @@ Everything off the hot path uses the ORM.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -71,6 +72,16 @@ def prepared(instance: Model, attname: str, prepare: Prepare | None, db: Any) ->
     """The value of ``instance``'s attribute as sent to the database (``get_db_prep_save``)."""
     value = getattr(instance, attname)
     return value if prepare is None else prepare(value, db)
+
+
+def column_values(instances: Sequence[Model], attname: str, prepare: Prepare | None, db: Any) -> list[Any]:
+    """:func:`prepared` of one attribute of many instances (a column of a many-row statement).
+
+    The attributes are read in C (``attrgetter``), not by a call per value: a column of a
+    10,000-run ``start_many()`` is 10,000 values.
+    """
+    values = list(map(attrgetter(attname), instances))
+    return values if prepare is None else [prepare(value, db) for value in values]
 
 
 def _fields(model: type[Model], names: Sequence[str]) -> list[Field[Any, Any]]:

@@ -223,6 +223,7 @@ class WorkflowStep(models.Model):
     waiting_since = models.DateTimeField(_("waiting since"), null=True, blank=True)
     timeout_at = models.DateTimeField(_("timeout at"), null=True, blank=True)
     timed_out = models.BooleanField(_("timed out"), default=False)
+    # db_index=False: pgbus_wf_step_signal holds only the attempts that received one (few do).
     signal = models.ForeignKey(
         "WorkflowSignal",
         on_delete=models.SET_NULL,
@@ -230,6 +231,7 @@ class WorkflowStep(models.Model):
         blank=True,
         related_name="+",
         verbose_name=_("received signal"),
+        db_index=False,
     )
     #: Set on a fan-out attempt: how many jobs it opened.
     fan_out_total = models.PositiveIntegerField(_("fan-out jobs"), null=True, blank=True)
@@ -267,6 +269,7 @@ class WorkflowStep(models.Model):
             models.Index(
                 fields=["id"], condition=Q(status__in=sorted(UNSUCCESSFUL_STEP)), name="pgbus_wf_step_unsuccessful"
             ),
+            models.Index(fields=["signal"], condition=Q(signal__isnull=False), name="pgbus_wf_step_signal"),
         ]
 
     def __str__(self) -> str:
@@ -280,8 +283,15 @@ class WorkflowEvent(models.Model):
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="events", verbose_name=_("run"), db_index=False
     )
+    # db_index=False: pgbus_wf_event_step leaves out the run's own events (started, paused, finished...).
     step = models.ForeignKey(
-        WorkflowStep, on_delete=models.CASCADE, null=True, blank=True, related_name="events", verbose_name=_("step")
+        WorkflowStep,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="events",
+        verbose_name=_("step"),
+        db_index=False,
     )
     kind = models.CharField(_("kind"), max_length=64)
     transition = models.CharField(_("transition"), max_length=32, blank=True, default="")
@@ -298,6 +308,7 @@ class WorkflowEvent(models.Model):
         ordering = ("id",)
         indexes = [
             models.Index(fields=["run", "id"], name="pgbus_wf_event_run"),
+            models.Index(fields=["step"], condition=Q(step__isnull=False), name="pgbus_wf_event_step"),
             models.Index(
                 fields=["kind", "id"], condition=Q(kind__in=NOTABLE_EVENT_KINDS), name="pgbus_wf_event_notable"
             ),

@@ -45,10 +45,6 @@ def work(mode: str, runs: int) -> None:
     django.setup()
     from pgbus_workflows import clock
     from pgbus_workflows.models import WorkflowRun
-    from pgbus_workflows.services.applying import apply_outcomes
-    from pgbus_workflows.services.body import Chain
-    from pgbus_workflows.services.claims import claim_and_look_ahead
-    from pgbus_workflows.services.executor import perform_step
     from tests.testapp.workflows import NoOp3
 
     if mode == "orm":
@@ -58,12 +54,23 @@ def work(mode: str, runs: int) -> None:
         for _ in range(runs):
             NoOp3.start()
     elif mode == "steps":
-        chain = Chain("bench")
-        while claimed := claim_and_look_ahead(1, None, "bench")[0]:
-            while claimed:
-                done = perform_step(claimed[0], chain=chain, verify=False)
-                apply_outcomes([done] if isinstance(done, tuple) else [], chain)
-                claimed = chain.take()
+        steps_one_at_a_time()
+
+
+def steps_one_at_a_time() -> None:
+    """Every due step, as a dispatcher's worker runs them in a trickle: a claim of one step, its
+    body, its outcome's transaction, which claims the run's next step (chained)."""
+    from pgbus_workflows.services.applying import apply_outcomes
+    from pgbus_workflows.services.body import Chain
+    from pgbus_workflows.services.claims import claim_and_look_ahead
+    from pgbus_workflows.services.executor import perform_step
+
+    chain = Chain("bench")
+    while claimed := claim_and_look_ahead(1, None, "bench")[0]:
+        while claimed:
+            done = perform_step(claimed[0], chain=chain, verify=False)
+            apply_outcomes([done] if isinstance(done, tuple) else [], chain)
+            claimed = chain.take()
 
 
 def count(mode: str, runs: int) -> int:

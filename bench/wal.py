@@ -6,8 +6,8 @@ Each index entry a write adds is a WAL record and work for the server, on every 
 (an update that changes an indexed column, as every claim and outcome does, is never HOT).
 Counted with ``pg_walinspect`` (PostgreSQL 15+) over two stretches of WAL on the bench database
 made anew: ``N`` ``NoOp3.start()`` calls, then their three steps each run as a dispatcher's
-worker runs them in a trickle (a claim, the body, the outcome, which claims the run's next
-step), one at a time. The counts are the same from run to run, whatever the machine's speed,
+worker runs them in a trickle (``bench.instructions.steps_one_at_a_time``), one at a
+time. The counts are the same from run to run, whatever the machine's speed,
 as long as nothing else writes to the server meanwhile (its WAL is one for every database):
 run it on a quiet server.
 """
@@ -20,6 +20,7 @@ from collections import Counter
 from typing import Any
 
 from bench.common import recreate_database
+from bench.instructions import steps_one_at_a_time
 
 DEFAULT_RUNS = 300
 _RELATION = re.compile(r"rel \d+/\d+/(\d+)")
@@ -52,26 +53,6 @@ def index_entries(cursor: Any, start: str, end: str) -> Counter[str]:
     return Counter({names.get(node, str(node)): count for node, count in nodes.items()})
 
 
-def run_steps_as_a_worker() -> None:
-    """Every due step, one at a time, as a worker runs them in a trickle (prepared statements, as a dispatcher)."""
-    from django.db import connection
-
-    from pgbus_workflows import sql
-    from pgbus_workflows.services.applying import apply_outcomes
-    from pgbus_workflows.services.body import Chain
-    from pgbus_workflows.services.claims import claim_and_look_ahead
-    from pgbus_workflows.services.executor import perform_step
-
-    connection.ensure_connection()
-    sql.prepare_statements(connection.connection)
-    chain = Chain("bench")
-    while claimed := claim_and_look_ahead(1, None, "bench")[0]:
-        while claimed:
-            done = perform_step(claimed[0], chain=chain, verify=False)
-            apply_outcomes([done] if isinstance(done, tuple) else [], chain)
-            claimed = chain.take()
-
-
 def main() -> None:
     """Start the runs, run their steps, print per run what each stretch wrote."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,7 +71,7 @@ def main() -> None:
         NoOp3.start()
     with connection.cursor() as cursor:
         started = flushed(cursor)
-    run_steps_as_a_worker()
+    steps_one_at_a_time()
     with connection.cursor() as cursor:
         ended = flushed(cursor)
         stretches = [("`start()`", before, started), ("its three steps", started, ended)]

@@ -1,8 +1,8 @@
 # Two foreign keys that are NULL on most rows get partial indexes in place of Django's full
 # ones: an attempt's received signal (most attempts receive none) and an event's step (a run's
 # own events have none). A NULL entry serves no lookup (ON DELETE's included: they look up
-# one key), and each one costs every write of such a row: about three index entries less
-# per step (its insert, its claim, its outcome each write a row version).
+# one key), and each one costs every write of such a row: two index entries fewer per
+# start() and per step (python -m bench.wal).
 # The new indexes are built CONCURRENTLY before the old ones are dropped, hence atomic = False;
 # the fields change in the state only (a real AlterField on a foreign key drops every btree
 # index on its column: see pgbus_workflows.schema).

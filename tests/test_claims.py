@@ -16,7 +16,7 @@ from django.utils import timezone
 from pgbus_workflows import signals, sql
 from pgbus_workflows.conf import settings
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step
+from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, still_in_progress
 from pgbus_workflows.services.executor import execute_step
 from tests.procs import DispatcherProcess, eventually
 from tests.testapp.workflows import NoOp3, Squares
@@ -216,3 +216,14 @@ def test_a_dispatcher_waits_quietly_beside_a_due_step_it_cannot_run():
     # A poll every 0.5 s is a few claims; a loop spinning on the step would be thousands.
     assert committed < 40, committed
     assert scheduled_step(wf).status == "scheduled"
+
+
+def test_the_re_check_of_claims_is_prepared_where_claims_are(monkeypatch):
+    """A worker re-checks most claims that waited in the shared queue: planned once per connection, not per call."""
+    monkeypatch.setattr(sql, "_prepared_at", set())
+    connection.ensure_connection()
+    sql.prepare_statements(connection.connection)
+    NoOp3.start()
+    claimed = claim_due_steps(1, claimed_by="d")
+    assert still_in_progress([claimed[0].pk]) == {claimed[0].pk}
+    assert any(text.startswith("SELECT id FROM") and "= ANY($1)" in text for text in prepared_statements())

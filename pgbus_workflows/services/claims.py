@@ -291,7 +291,9 @@ def still_in_progress(step_pks: Sequence[int]) -> set[int]:
     if not sql.postgresql():
         running = WorkflowStep.objects.filter(pk__in=step_pks, status=StepStatus.IN_PROGRESS)
         return set(running.values_list("pk", flat=True))
-    with sql.cursor() as cursor:
+    # Bound on the server (prepared in a dispatcher): a worker asks this before most claims
+    # that waited in the shared queue, and a client-bound text was parsed and planned each time.
+    with sql.bound_cursor(timestamps=False) as cursor:
         cursor.execute(sql.statement("steps_in_progress"), [list(step_pks)])
         return {row[0] for row in cursor.fetchall()}
 

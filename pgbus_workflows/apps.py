@@ -1,6 +1,9 @@
 """The app configs: the default one autodiscovers ``workflows`` modules, the simple one does not."""
 
+from typing import Any
+
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 from django.utils.translation import gettext_lazy as _
 
 
@@ -15,6 +18,15 @@ class SimplePgbusWorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from . import checks, deploy_checks  # noqa: F401 - registers the system checks
         from .services import fanout  # noqa: F401 - resolves a parent's fan-out when a child run ends
+
+        post_migrate.connect(_install_functions, sender=self, dispatch_uid="pgbus_workflows_functions")
+
+
+def _install_functions(sender: AppConfig, using: str, **kwargs: Any) -> None:
+    """After ``migrate``: ``start()``'s server-side function for the tables as they now are (``sql.functions``)."""
+    from .sql import functions
+
+    functions.install(using)
 
 
 class PgbusWorkflowsConfig(SimplePgbusWorkflowsConfig):

@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, ProgrammingError, connection, connections, models
 from django.db.models import Field, Model
 from django.db.models.base import ModelState
 
 from . import sql
-from .sql import Statement
+from .sql import Statement, functions
 
 M = TypeVar("M", bound=Model)
 N = TypeVar("N", bound=Model)
@@ -131,17 +132,19 @@ def insert_run(run: Model, step: Model, event: Model, notify: tuple[str, str]) -
     """Insert a new run with its first attempt and its first event, and ``NOTIFY`` (PostgreSQL).
 
     One statement (``sql`` ``start_run``), bound on the server: its text is parsed once per
-    process, not per call, whatever its number of parameters. False, and nothing written,
-    when a unique index refuses the run. The attempt's and the event's ``run`` is the new
-    run; keys are set.
+    process, not per call, whatever its number of parameters. Where the connection may not
+    prepare it, from its Nth start on, a call of the same statement as a server-side function
+    instead, which the server plans once per session (:mod:`.sql.functions`). False, and
+    nothing written, when a unique index refuses the run. The attempt's and the event's
+    ``run`` is the new run; keys are set.
     """
     db = connections[DEFAULT_DB_ALIAS]  # resolved once: each attribute read through the proxy costs a lookup
     params = [prepared(run, attname, prepare, db) for attname, prepare in insert_columns(type(run))]
     for child in (step, event):
         params += [prepared(child, a, p, db) for a, p in insert_columns(type(child), leave_out=("run_id",))]
+    params += notify
     with sql.bound_cursor(timestamps=False) as cursor:  # it returns keys
-        cursor.execute(sql.statement("start_run"), [*params, *notify])
-        row = cursor.fetchone()
+        row = _start_row(cursor, db, params)
     if row is None:
         return False
     mark_saved(run, row[0])
@@ -149,6 +152,31 @@ def insert_run(run: Model, step: Model, event: Model, notify: tuple[str, str]) -
     for child in (step, event):
         child.run_id = row[0]  # type: ignore[attr-defined]
     return True
+
+
+def _start_row(cursor: Any, db: Any, params: list[Any]) -> Any:
+    """Run ``start()``'s statement, or its function, as :func:`.sql.functions.start_path` says; its row (or None)."""
+    raw = db.connection
+    how, probe = ("statement", False) if sql.prepares(raw) else functions.start_path(raw)
+    if how == "call":
+        try:
+            cursor.execute(sql.statement("start_call"), params)
+        except ProgrammingError as error:
+            if not isinstance(error.__cause__, psycopg.errors.UndefinedFunction | psycopg.errors.InsufficientPrivilege):
+                raise
+            functions.forget(raw)  # dropped (or revoked) under this connection: the statement from now on
+            if db.in_atomic_block:
+                raise  # the caller's transaction is aborted: nothing can be run in it again
+            cursor.execute(sql.statement("start_run"), params)
+        return cursor.fetchone()
+    if not probe:
+        cursor.execute(sql.statement("start_run"), params)
+        return cursor.fetchone()
+    cursor.execute(sql.statement("start_run", True), [*params, functions.function_name(db)])
+    row = cursor.fetchone()
+    if row is not None:  # a refused start says nothing: the next one asks again
+        functions.found(raw, bool(row[3]))
+    return row
 
 
 def lock(model: type[M], keys: dict[str, Any], *, skip_locked: bool = False) -> M | None:

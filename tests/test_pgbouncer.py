@@ -12,13 +12,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
+from pgbus_workflows.models import WorkflowStep
 from pgbus_workflows.session import TransactionLock, connection_params, probe_listen
 from pgbus_workflows.sweep import SWEEP_LOCK_KEY
 from tests.procs import DispatcherProcess, eventually
@@ -163,3 +166,33 @@ def test_a_dispatcher_told_not_to_prepare_runs_every_step_behind_the_pool(pgboun
     finally:
         process.stop()
     assert "Traceback" not in output and "prepared statement" not in output
+
+
+def test_web_threads_call_start_s_function_behind_the_pool(pgbouncer):
+    """start()'s function keeps nothing on the client: threads whose transactions hop between four
+    pooled server connections call it (each server session compiles it once) and every run is written."""
+    from pgbus_workflows.sql import functions
+
+    started: list = []
+    errors: list = []
+
+    def web_thread() -> None:
+        try:
+            for _ in range(functions.THRESHOLD + 15):
+                started.append(NoOp3.start().record.pk)
+        except Exception as error:
+            errors.append(error)
+        finally:
+            connection.close()
+
+    with CaptureQueriesContext(connection) as queries:
+        web_thread()  # this thread's own: its calls are seen
+    threads = [threading.Thread(target=web_thread) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    calls = [q for q in queries.captured_queries if q["sql"].startswith(f"SELECT * FROM {functions.PREFIX}")]
+    assert len(calls) == 15
+    assert WorkflowStep.objects.filter(run_id__in=started, status="scheduled").count() == len(started) == 7 * 20

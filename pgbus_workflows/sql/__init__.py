@@ -224,7 +224,7 @@ class PreparedCursor(psycopg.RawCursor[Any]):
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         """Run ``query``, prepared where allowed (Django's wrapper passes no ``prepare``)."""
-        if _prepares(self._conn):
+        if prepares(self._conn):
             kwargs.setdefault("prepare", True)
         return super().execute(numbered(query), params, **kwargs)
 
@@ -251,7 +251,8 @@ _TIMESTAMPTZ = _psycopg_loader(_TIMESTAMPTZ_OID)
 _preparing: weakref.WeakKeyDictionary[psycopg.Connection[Any], bool] = weakref.WeakKeyDictionary()
 
 
-def _prepares(conn: psycopg.Connection[Any]) -> bool:
+def prepares(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the app's statements are prepared on this connection (see :func:`prepare_statements`)."""
     known = _preparing.get(conn)
     if known is None:
         known = _preparing[conn] = bool(_prepared_at) and _endpoint(conn) in _prepared_at

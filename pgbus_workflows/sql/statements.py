@@ -197,7 +197,7 @@ def lock_pairs(conn: Any, parent: type[Model], child: type[Model], link: str) ->
 
 
 @builds("start_run")
-def start_run(conn: Any) -> str:
+def start_run(conn: Any, probe: bool = False) -> str:
     """A run, its first attempt and its ``started`` event in one statement, then ``NOTIFY`` (PostgreSQL).
 
     Placeholders: the run's columns, the attempt's and the event's (each without ``run_id``,
@@ -205,6 +205,18 @@ def start_run(conn: Any) -> str:
     NOTHING``: when a unique index refuses the run (an ongoing run of the subject, a taken
     idempotency key) nothing is written and no row comes back, with no error, so the caller's
     transaction needs no savepoint. One statement: outside a transaction it is one round trip.
+    ``probe``: the row also says whether a function, named by a last placeholder, exists and
+    this role may call it: how ``sql.functions`` learns that its function is installed, in no
+    round trip of its own.
+    """
+    probed = ", COALESCE(has_function_privilege(to_regproc(%s), 'EXECUTE'), false)" if probe else ""
+    return f"{start_run_rows(conn)}, pg_notify(%s, %s){probed} FROM r, s"
+
+
+def start_run_rows(conn: Any) -> str:
+    """:func:`start_run` but for its ``FROM`` and its ``NOTIFY``: the inserts, and the keys selected.
+
+    Shared with ``start()``'s function (``sql.functions``), so that both write the same rows.
     """
     run_key = pk(conn, WorkflowRun)
 
@@ -223,8 +235,19 @@ def start_run(conn: Any) -> str:
         f"ON CONFLICT DO NOTHING RETURNING {run_key}), "
         f"s AS ({child(WorkflowStep)} RETURNING {pk(conn, WorkflowStep)}), "
         f"e AS ({child(WorkflowEvent)}) "
-        f"SELECT r.{run_key}, s.{pk(conn, WorkflowStep)}, pg_notify(%s, %s) FROM r, s"
+        f"SELECT r.{run_key}, s.{pk(conn, WorkflowStep)}"
     )
+
+
+def start_run_types(conn: Any) -> list[str]:
+    """The types of :func:`start_run_rows`'s placeholders, in order (its columns', without lengths)."""
+    models = (WorkflowRun, WorkflowStep, WorkflowEvent)
+    return [
+        _element_type(conn, f)
+        for model in models
+        for f in model._meta.concrete_fields
+        if not f.primary_key and (model is WorkflowRun or f.attname != "run_id")
+    ]
 
 
 @builds("next_attempt")

@@ -6,6 +6,8 @@ server session (``sql.functions``). These tests hold the function to the stateme
 refusals and ``NOTIFY``, and the switch to the round trips it promises.
 """
 
+from contextlib import contextmanager
+
 import psycopg
 import pytest
 from django.db import ProgrammingError, connection, transaction
@@ -136,12 +138,19 @@ def test_the_function_refuses_what_the_statement_refuses_and_leaves_the_transact
         assert WorkflowRun.objects.filter(subject_id=str(order.pk)).count() == 1  # the transaction still works
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_function_notifies_only_when_it_wrote_a_run():
+@contextmanager
+def _calling_and_listening():
+    """A new connection whose next start calls the function, and another that LISTENs on the dispatchers' channel."""
     _fresh_connection()
     _starts(functions.THRESHOLD)
     with psycopg.connect(**connection_params(), autocommit=True) as listener:
         listener.execute(f'LISTEN "{settings.NOTIFY_CHANNEL}"')
+        yield listener
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_function_notifies_only_when_it_wrote_a_run():
+    with _calling_and_listening() as listener:
         order = Order.objects.create()
         FunctionStart.start(order)
         with pytest.raises(AlreadyRunning):
@@ -153,10 +162,7 @@ def test_the_function_notifies_only_when_it_wrote_a_run():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_start_inside_a_rolled_back_transaction_leaves_nothing_and_notifies_nothing():
-    _fresh_connection()
-    _starts(functions.THRESHOLD)
-    with psycopg.connect(**connection_params(), autocommit=True) as listener:
-        listener.execute(f'LISTEN "{settings.NOTIFY_CHANNEL}"')
+    with _calling_and_listening() as listener:
         with transaction.atomic():
             wf = FunctionStart.start(Order.objects.create())
             transaction.set_rollback(True)
@@ -268,3 +274,46 @@ def test_a_role_that_may_not_call_the_function_never_calls_it():
     assert [_how(text) for text in texts][-3:] == ["probe", "statement", "statement"]
     assert WorkflowRun.objects.filter(pk__in=[wf.record.pk for wf in handles]).count() == functions.THRESHOLD + 2
     # The test's transaction rolls back: the role and the grants are gone, EXECUTE is PUBLIC's again.
+
+
+def test_the_name_digests_every_column_the_function_writes():
+    """A migration that adds a column to a run, an attempt or an event makes a function of another name."""
+    import hashlib
+
+    definition = functions._definition(connection)
+    for model in (WorkflowRun, WorkflowStep, WorkflowEvent):
+        for field in model._meta.concrete_fields:
+            if not field.primary_key:
+                assert f'"{field.column}"' in definition, (model.__name__, field.column)
+    digest = hashlib.sha256(definition.encode()).hexdigest()[:16]
+    assert functions.function_name(connection) == functions.PREFIX + digest
+
+
+@pytest.mark.django_db
+def test_migrate_keeps_the_functions_older_code_calls():
+    """A rolling deploy: code of an earlier definition still calls its own function while the new one is made."""
+    older = f"{functions.PREFIX}00000000000000aa"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE FUNCTION {older}(a int) RETURNS int LANGUAGE sql AS 'SELECT a'")
+        cursor.execute(f"DROP FUNCTION {functions.installed_name()}")
+        assert functions.install() is True
+        cursor.execute("SELECT proname FROM pg_proc WHERE proname LIKE %s ORDER BY proname", [functions.PREFIX + "%"])
+        names = [name for (name,) in cursor.fetchall()]
+    assert names == sorted([older, functions.function_name(connection)])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_that_found_no_function_asks_again_after_a_while(monkeypatch):
+    name = functions.installed_name()
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP FUNCTION {name}")
+    try:
+        _fresh_connection()
+        _, texts = _starts(functions.THRESHOLD + 1)
+        assert [_how(text) for text in texts][-2:] == ["probe", "statement"]  # none found: not asked again at once
+        functions.install()
+        monkeypatch.setattr(functions, "RECHECK_SECONDS", 0.0)  # as if a minute had gone by
+        _, texts = _starts(2)
+        assert [_how(text) for text in texts] == ["probe", "call"]
+    finally:
+        functions.install()

@@ -31,6 +31,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from ..models import WorkflowRun
+from . import numbered
 from .statements import builds, start_run_rows, start_run_types
 
 logger = logging.getLogger("pgbus_workflows")
@@ -69,7 +70,7 @@ _names: dict[str, str] = {}
 def _definition(conn: Any) -> str:
     types = [*start_run_types(conn), "text", "text"]
     arguments = ", ".join(f"p{number} {kind}" for number, kind in enumerate(types, start=1))
-    body = re.sub(r"\$(\d+)", r"p\1", _numbered(start_run_rows(conn)))
+    body = re.sub(r"\$(\d+)", r"p\1", numbered(start_run_rows(conn)))
     channel, payload = len(types) - 1, len(types)
     key = WorkflowRun._meta.pk.rel_db_type(conn)
     return (
@@ -79,12 +80,6 @@ def _definition(conn: Any) -> str:
         f"IF FOUND THEN PERFORM pg_notify(p{channel}, p{payload}); END IF; "
         "END $pgbus$"
     )
-
-
-def _numbered(text: str) -> str:
-    from . import numbered  # the package's: this module is imported by it
-
-    return numbered(text)
 
 
 @builds("start_call")
@@ -150,8 +145,7 @@ def install(using: str = DEFAULT_DB_ALIAS) -> bool:
             if WorkflowRun._meta.db_table not in conn.introspection.table_names(cursor):
                 _drop_all(cursor)  # ``migrate pgbus_workflows zero``: nothing may call them now
                 return False
-            cursor.execute("SELECT to_regproc(%s) IS NOT NULL", [function_name(conn)])
-            if cursor.fetchone()[0]:
+            if installed_name(using) is not None:
                 return False
             cursor.execute(start_function(conn))
     except DatabaseError as error:

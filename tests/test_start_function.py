@@ -35,10 +35,12 @@ class FunctionStart(Workflow):
 
 @pytest.fixture(autouse=True)
 def unprepared(monkeypatch):
-    """Connections as a web process's: not allowed to prepare (another test may have allowed this one)."""
+    """Connections as a web process's: not allowed to prepare (another test may have allowed this one),
+    and as if new to start() (another test's starts may have found the function a test here drops)."""
     monkeypatch.setattr(sql, "_prepared_at", set())
     if connection.connection is not None:
         sql._preparing.pop(connection.connection, None)
+        functions.forget(connection.connection)
 
 
 def _fresh_connection():

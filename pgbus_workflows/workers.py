@@ -260,8 +260,14 @@ class WorkerPool:
         return any(lane.idle and lane.looks_at <= when + 0.001 for lane in self._lanes)
 
     def _share(self) -> list[Queued]:
-        """This worker's part of the shared queue: an even share, at most a batch."""
-        count = min(self.batch_size, max(1, len(self._shared) // max(self.size, 1)))
+        """This worker's part of the shared queue: an even share among those who take it, at most a batch.
+
+        While bodies are quick, ``AWAKE_FOR_QUICK`` workers take it whatever the pool's size
+        (``_leave_to_awake``): shared by all sixteen of a large pool, a claim would be taken a
+        step at a time, a re-check (a round trip) per step.
+        """
+        takers = min(self.size, AWAKE_FOR_QUICK) if self._quick_bodies() else self.size
+        count = min(self.batch_size, max(1, len(self._shared) // max(takers, 1)))
         chunk = [self._shared.popleft() for _ in range(count)]
         self._shared_since = time.monotonic()  # what is left has waited from now on, near enough
         return chunk

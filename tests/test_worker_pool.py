@@ -90,6 +90,35 @@ def test_a_burst_of_quick_steps_runs_on_about_four_of_sixteen_workers(pool_of, m
     assert busiest >= 0.75 * 180 and len(runners) <= 6, runners  # waking all, each of the 16 ran some
 
 
+@pytest.mark.parametrize("size", [4, 16])
+def test_a_claim_of_quick_steps_is_shared_in_chunks_of_the_four_awake_whatever_the_pool_size(
+    pool_of, monkeypatch, size
+):
+    checks = []
+    real_check = workers_module.still_in_progress
+
+    def counted(step_pks):
+        checks.append(len(step_pks))
+        return real_check(step_pks)
+
+    monkeypatch.setattr(workers_module, "still_in_progress", counted)
+    pool = pool_of(size)
+    warm = NoOp3.start()
+    pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # the pool learns its bodies are quick
+    eventually(lambda: warm.reload().status == "finished", what="the warm-up run")
+    eventually(lambda: len(pool._idle) == size, what="every worker idle again")
+
+    burst = [NoOp3.start() for _ in range(60)]
+    pool.hand_out(claim_due_steps(60, claimed_by="w"), verify=True)
+    eventually(lambda: all(wf.reload().status == "finished" for wf in burst), what="the burst")
+
+    # 59 wait in the shared queue (one goes straight to a worker): each chunk a quarter of what
+    # is left, as four workers share it (about 15 re-checks, each a round trip); a sixteenth,
+    # as a pool of sixteen did, took 40 and more.
+    assert sum(checks) == 59
+    assert len(checks) <= 20, checks
+
+
 def test_a_quick_step_is_not_held_up_behind_awake_workers_whose_bodies_turned_out_slow(pool_of):
     pool = pool_of(4)
     warm = [NoOp3.start() for _ in range(5)]

@@ -374,11 +374,20 @@ class WorkflowDispatcher:
                 backoff = min(backoff * 2, 10.0)
 
     def _hear(self, conn: psycopg.Connection[Any], group: str) -> None:
-        """Wake the main thread for each NOTIFY of a served queue: at once, or a follower's moment later."""
+        """Wake the main thread for each NOTIFY of a served queue: at once, or a follower's moment later.
+
+        Once a follower's wake-up is set, what arrives before it is due would not move it: the
+        thread sleeps until then and reads all that came in one go, where it used to wake for
+        each (a trickle of runs sends one a start, to every dispatcher).
+        """
         deferred: float | None = None  # when a follower's deferred wake-up is due (time.monotonic())
         while not self._stopping.is_set():
-            wait = 1.0 if deferred is None else max(deferred - time.monotonic(), 0.0)
-            for note in conn.notifies(timeout=wait, stop_after=1):
+            if deferred is None:
+                notes = conn.notifies(timeout=1.0, stop_after=1)
+            else:
+                self._stopping.wait(max(deferred - time.monotonic(), 0.0))
+                notes = conn.notifies(timeout=0.0)  # what came meanwhile, without waiting
+            for note in notes:
                 if note.channel == group:
                     self._regroup.set()
                 elif self.queues is None or note.payload in self.queues:

@@ -5,16 +5,22 @@ spend almost nothing; work the first cannot take (its slots are full) is still t
 another within its delay.
 """
 
+import threading
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.utils import timezone
+from psycopg import sql as psql
 
+from pgbus_workflows.conf import settings
 from pgbus_workflows.deploy import catalog
+from pgbus_workflows.dispatcher import WorkflowDispatcher
 from pgbus_workflows.models import Dispatcher, WorkflowStep
 from pgbus_workflows.services.claims import claim_and_look_ahead
-from pgbus_workflows.wakeups import FOLLOW_MAX, FOLLOW_MIN, Wakeups
+from pgbus_workflows.session import connection_params
+from pgbus_workflows.wakeups import FOLLOW_MAX, FOLLOW_MIN, Wakeups, dispatchers_channel
 from tests.procs import DispatcherProcess, eventually
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import NoOp3, Slow
@@ -154,3 +160,55 @@ def test_when_the_first_dies_a_follower_takes_the_work_and_when_it_stops_another
     finally:
         for process in processes.values():
             process.stop()
+
+
+class _CountedListener:
+    """A LISTENing connection that counts how often the listener thread asks it for notifications."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.reads = 0
+
+    def notifies(self, **kwargs):
+        self.reads += 1
+        return self.conn.notifies(**kwargs)
+
+
+class _CountedWake:
+    def __init__(self):
+        self.times = 0
+
+    def set(self):
+        self.times += 1
+
+
+def test_a_follower_reads_what_comes_during_its_delay_in_one_go_and_wakes_its_loop_once():
+    """A trickle sends a NOTIFY a start to every dispatcher: a follower does not wake for each."""
+    dispatcher = WorkflowDispatcher(concurrency=1, schedules=False)
+    dispatcher.wakeups.first, dispatcher.wakeups.delay = False, 0.5
+    dispatcher._wake.close()
+    wake = dispatcher._wake = _CountedWake()
+    channel, group = settings.NOTIFY_CHANNEL, dispatchers_channel()
+    with (
+        psycopg.connect(**connection_params(), autocommit=True) as conn,
+        psycopg.connect(**connection_params(), autocommit=True) as sender,
+    ):
+        for name in (channel, group):
+            conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(name)))
+        listener = _CountedListener(conn)
+        thread = threading.Thread(target=dispatcher._hear, args=(listener, group))
+        thread.start()
+        try:
+            for _ in range(40):  # 40 starts, one every 5 ms: all within the follower's delay
+                sender.execute("SELECT pg_notify(%s, 'default')", [channel])
+                time.sleep(0.005)
+            eventually(lambda: wake.times, what="the follower's deferred wake-up")
+            time.sleep(0.3)
+        finally:
+            dispatcher._stopping.set()
+            thread.join(5)
+
+    assert wake.times == 1
+    # The first NOTIFY sets the wake-up; the rest are read together when it is due (one wait
+    # for the next may begin before the stop): about 40 reads, one a NOTIFY, before.
+    assert listener.reads <= 4, listener.reads

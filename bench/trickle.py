@@ -43,6 +43,7 @@ from typing import Any
 from bench import rss
 from bench.common import (
     SETTLE_SECONDS,
+    checkpoint,
     drop_database,
     pgbench_tps,
     python_reference_ms,
@@ -79,7 +80,7 @@ class Sizes:
 
 FULL = Sizes(
     runs=2000,
-    repeat=5,
+    repeat=6,
     latency_samples=200,
     cost_calls=500,
     many_runs=10_000,
@@ -104,6 +105,7 @@ def trickle(runs: int, dispatchers: int, concurrency: int) -> Trickle:
     from tests.testapp.workflows import NoOp3
 
     WorkflowRun.objects.filter(workflow_class=NoOp3.name).delete()
+    checkpoint()
     processes = start_dispatchers(dispatchers, concurrency)
     try:
         wait_registered(dispatchers)

@@ -200,7 +200,7 @@ def measure(sizes: Sizes, peers: bool) -> tuple[Ours, Peer | None]:
             if peer is not None:
                 _extend(latency[1], peer.latency(half, PEER_CONCURRENCY))
     paired = {
-        config: [mine.steps_per_s / first.steps_per_s for mine, first in zip(runs, ours[CONFIGS[0]], strict=True)]
+        config: [run.steps_per_s / first.steps_per_s for run, first in zip(runs, ours[CONFIGS[0]], strict=True)]
         for config, runs in ours.items()
     }
     summaries = {config: TrickleSummary.of(runs) for config, runs in ours.items()}

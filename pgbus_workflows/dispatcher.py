@@ -377,8 +377,8 @@ class WorkflowDispatcher:
         """Wake the main thread for each NOTIFY of a served queue: at once, or a follower's moment later.
 
         Once a follower's wake-up is set, what arrives before it is due would not move it: the
-        thread sleeps until then and reads all that came in one go, where it used to wake for
-        each (a trickle of runs sends one a start, to every dispatcher).
+        thread sleeps until then and reads all that came in one go rather than waking for each
+        (a trickle of runs sends one a start, to every dispatcher).
         """
         deferred: float | None = None  # when a follower's deferred wake-up is due (time.monotonic())
         while not self._stopping.is_set():

@@ -185,7 +185,7 @@ class _CountedWake:
 def test_a_follower_reads_what_comes_during_its_delay_in_one_go_and_wakes_its_loop_once():
     """A trickle sends a NOTIFY a start to every dispatcher: a follower does not wake for each."""
     dispatcher = WorkflowDispatcher(concurrency=1, schedules=False)
-    dispatcher.wakeups.first, dispatcher.wakeups.delay = False, 0.5
+    dispatcher.wakeups.first, dispatcher.wakeups.delay = False, FOLLOW_MAX  # the 40 below take far less
     dispatcher._wake.close()
     wake = dispatcher._wake = _CountedWake()
     channel, group = settings.NOTIFY_CHANNEL, dispatchers_channel()

@@ -175,6 +175,8 @@ class _CountedListener:
 
 
 class _CountedWake:
+    """Stands in for the dispatcher's waker: counts how often the listener wakes the loop."""
+
     def __init__(self):
         self.times = 0
 

@@ -142,9 +142,8 @@ def _claim_pass(
     claimed; ``unknown`` pairs are left out of them, and a due step of a pair this process's
     code cannot run is passed over.
     """
-    params: list[Any] = [due_by, *([] if queues is None else [queues])]
-    for pair in unknown:
-        params.extend(pair)
+    params: list[Any] = [value for pair in unknown for value in pair]  # the run's lateral subquery comes first
+    params += [due_by, *([] if queues is None else [queues])]
     params += [limit, _catalog_parameter(), now, claimed_by, now, settings.STALL_THRESHOLD, now]
     event = _started_event(now, claimed_by)
     db = transaction.get_connection()
@@ -293,9 +292,12 @@ def still_in_progress(step_pks: Sequence[int]) -> set[int]:
         return set(running.values_list("pk", flat=True))
     # Bound on the server (prepared in a dispatcher): a worker asks this before most claims
     # that waited in the shared queue, and a client-bound text was parsed and planned each time.
-    with sql.bound_cursor(timestamps=False) as cursor:
-        cursor.execute(sql.statement("steps_in_progress"), [list(step_pks)])
-        return {row[0] for row in cursor.fetchall()}
+    # Planned on indexes: a plan the connection made while the table was small read it whole.
+    if transaction.get_connection().in_atomic_block:
+        with sql.bound_cursor(timestamps=False) as cursor:
+            cursor.execute(sql.statement("steps_in_progress"), [list(step_pks)])
+            return {row[0] for row in cursor.fetchall()}
+    return {row[0] for row in sql.fetch_in_index_order(sql.statement("steps_in_progress"), [list(step_pks)])}
 
 
 def heartbeat(step: WorkflowStep) -> bool:

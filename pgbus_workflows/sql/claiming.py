@@ -18,10 +18,11 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     """Claim due attempts of ready runs in one statement (PostgreSQL): locked, moved, recorded, looked past.
 
     The due steps are read in the order of the partial index ``pgbus_wf_step_due`` (priority,
-    ``scheduled_at``) and locked with their runs: ``FOR UPDATE OF r, s SKIP LOCKED`` never
-    waits (no lock order to keep), and a row changed since the snapshot is re-read at its
-    latest version. Those whose ``(class, step name)`` this process's catalog knows are
-    claimed (the attempt ``in_progress``, the run ``performing``, a ``step_started`` event);
+    ``scheduled_at``) and locked with their runs (each run by its primary key, in a lateral
+    subquery, then the step): ``SKIP LOCKED`` never waits (no lock order to keep), and a row
+    changed since the snapshot is re-read at its latest version. Those whose ``(class, step
+    name)`` this process's catalog knows are claimed (the attempt ``in_progress``, the run
+    ``performing``, a ``step_started`` event);
     the others stay as they are, locked until the commit, and are returned unclaimed so the
     caller learns to leave them out (``unknown``: how many such pairs it leaves out already).
 
@@ -31,7 +32,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     server crash leaves its step scheduled, and it runs again, as a claim kept by the crash
     would (the attempt stalls, then reattempts). Never inside a caller's transaction.
 
-    Placeholders, in order: now; (``queues``) an array of queue names; the ``unknown`` pairs;
+    Placeholders, in order: the ``unknown`` pairs; now; (``queues``) an array of queue names;
     the limit; the catalog (jsonb, ``{class: [step names]}``); now, the claimant, now and the
     default stall threshold (the attempts); now (the runs); the event's columns, but for its
     run and step, with its details merged after the attempt's number; the look-ahead's.
@@ -53,32 +54,44 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     where = [
         f"s.{step_col('status')} = {literal(StepStatus.SCHEDULED)}",
         f"s.{step_col('scheduled_at')} <= %s",
-        f"r.{run_col('status')} = {literal(ready)}",
     ]
     if queues:
         where.append(f"s.{step_col('queue')} = ANY(%s)")
-    if unknown:
+    of_run = [
+        f"r.{pk(conn, WorkflowRun)} = s.{step_col('run')}",
+        f"(r.{run_col('status')} = {literal(ready)}) IS TRUE",
+    ]
+    if unknown:  # left out before the lock: a run is locked only when its step may be claimed
         pairs = ", ".join(["(%s, %s)"] * unknown)
-        where.append(f"(r.{run_col('workflow_class')}, s.{step_col('step_name')}) NOT IN (VALUES {pairs})")
+        of_run.append(f"(r.{run_col('workflow_class')}, s.{step_col('step_name')}) NOT IN (VALUES {pairs})")
+    # Each step's run is read and locked by its primary key alone, whatever the statistics:
+    # a subquery that locks is never merged into the join, and a status test no index can
+    # serve (IS TRUE) leaves the primary key the one usable index. With the tables' statistics
+    # from when they were nearly empty (vacuumed then, not analysed since), every index looks
+    # as cheap, and a plain join scanned all the runs for each due step.
+    run = (
+        f"SELECT r.{pk(conn, WorkflowRun)}, r.{run_col('workflow_class')} FROM {runs} r "
+        f"WHERE {' AND '.join(of_run)} FOR UPDATE OF r SKIP LOCKED"
+    )
     due = (
         f"SELECT s.{pk(conn, WorkflowStep)} AS step_key, r.{pk(conn, WorkflowRun)} AS run_key, "
         f"r.{run_col('workflow_class')} AS class_name, s.{step_col('step_name')} AS step_name "
-        f"FROM {steps} s JOIN {runs} r ON r.{pk(conn, WorkflowRun)} = s.{step_col('run')} "
+        f"FROM {steps} s CROSS JOIN LATERAL ({run}) r "
         f"WHERE {' AND '.join(where)} "
         f"ORDER BY s.{step_col('priority')}, s.{step_col('scheduled_at')}, s.{pk(conn, WorkflowStep)} "
-        "LIMIT %s FOR UPDATE OF r, s SKIP LOCKED"
+        "LIMIT %s FOR UPDATE OF s SKIP LOCKED"
     )
     runnable = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
     timeout = step_col("timeout")
     attempts = (
         f"UPDATE {steps} s SET {step_col('status')} = {literal(claimed)}, {step_col('started_at')} = %s, "
         f"{step_col('claimed_by')} = %s, {step_col('stall_at')} = %s + COALESCE(NULLIF(s.{timeout}, "
-        f"interval '0'), %s) FROM runnable WHERE s.{pk(conn, WorkflowStep)} = runnable.step_key "
+        f"interval '0'), %s) WHERE s.{pk(conn, WorkflowStep)} = ANY(ARRAY(SELECT step_key FROM runnable)) "
         f"RETURNING {columns(conn, WorkflowStep, 's.')}"
     )
     moved = (
         f"UPDATE {runs} r SET {run_col('status')} = {literal(performing)}, {run_col('status_changed_at')} = %s, "
-        f"{run_col('paused_reason')} = '' FROM runnable WHERE r.{pk(conn, WorkflowRun)} = runnable.run_key "
+        f"{run_col('paused_reason')} = '' WHERE r.{pk(conn, WorkflowRun)} = ANY(ARRAY(SELECT run_key FROM runnable)) "
         f"RETURNING {columns(conn, WorkflowRun, 'r.')}"
     )
     values = []
@@ -168,8 +181,8 @@ def look_ahead(conn: Any, queues: bool) -> str:
     pending = literal(JobStatus.PENDING)
     return (
         "SELECT LEAST("
-        f"(SELECT MIN(s.scheduled_at) FROM {steps} s JOIN {runs} r ON r.id = s.run_id "
-        f"WHERE s.status = {literal(StepStatus.SCHEDULED)} AND r.status = {literal(RunStatus.READY)} "
+        f"(SELECT MIN(s.scheduled_at) FROM {steps} s WHERE s.status = {literal(StepStatus.SCHEDULED)} "
+        f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) = {literal(RunStatus.READY)} "
         f"AND s.scheduled_at > %s{in_queues.format('s.')}), "
         f"(SELECT MIN(scheduled_at) FROM {jobs} WHERE status = {pending} AND scheduled_at > %s{in_queues.format('')})"
         f"), EXISTS (SELECT 1 FROM {jobs} WHERE status = {pending} AND scheduled_at <= %s{in_queues.format('')})"

@@ -144,7 +144,12 @@ def _insert_tail(conn: Any, model: type[Model], returning: tuple[str, ...], skip
 
 @builds("unnest_update")
 def unnest_update(conn: Any, model: type[Model], names: tuple[str, ...]) -> str:
-    """``UPDATE`` any number of rows by key from one array per column (PostgreSQL)."""
+    """``UPDATE`` any number of rows by key from one array per column (PostgreSQL).
+
+    The rows are found by their keys (``= ANY``, an index condition on the primary key), not
+    by the join alone: statistics taken while the table was nearly empty make a whole read of
+    the primary key look as cheap as the few rows, and the planner then read it all to join.
+    """
     key = model._meta.pk
     fields = [model._meta.get_field(name) for name in names]
     assignments = ", ".join(f"{quote(conn, f.column)} = v.{quote(conn, f.column)}" for f in fields)  # type: ignore[union-attr]
@@ -153,8 +158,8 @@ def unnest_update(conn: Any, model: type[Model], names: tuple[str, ...]) -> str:
     name = table(conn, model)
     key_column = pk(conn, model)
     return (
-        f"UPDATE {name} SET {assignments} FROM unnest({arrays}) AS v({aliases}) "
-        f"WHERE {name}.{key_column} = v.{key_column}"
+        f"WITH v AS (SELECT * FROM unnest({arrays}) AS v({aliases})) UPDATE {name} SET {assignments} FROM v "
+        f"WHERE {name}.{key_column} = ANY(ARRAY(SELECT {key_column} FROM v)) AND {name}.{key_column} = v.{key_column}"
     )
 
 
@@ -181,16 +186,16 @@ def lock_pair(conn: Any, parent: type[Model], child: type[Model], link: str) -> 
     )
 
 
-@builds("lock_pairs")
-def lock_pairs(conn: Any, parent: type[Model], child: type[Model], link: str) -> str:
-    """Lock several parents in key order, then one child of each, in one statement (PostgreSQL)."""
-    key = pk(conn, parent)
-    return (
-        f"WITH p AS (SELECT {columns(conn, parent)} FROM {table(conn, parent)} "
-        f"WHERE {key} = ANY(%s) ORDER BY {key} FOR UPDATE) "
-        f"SELECT p.*, {columns(conn, child, 'c.')} FROM p JOIN {table(conn, child)} c "
-        f"ON c.{quote(conn, link)} = p.{key} WHERE c.{pk(conn, child)} = ANY(%s) FOR UPDATE OF c"
-    )
+@builds("lock_many")
+def lock_many(conn: Any, model: type[Model]) -> str:
+    """Lock the rows of ``model`` whose keys are in an array, in key order (PostgreSQL).
+
+    Read by the primary key alone, whatever the statistics say: a join to the parents would
+    let the planner, trusting statistics taken while the tables were nearly empty, read a
+    whole other index of the table for what the keys find in a few pages.
+    """
+    key = pk(conn, model)
+    return f"SELECT {columns(conn, model)} FROM {table(conn, model)} WHERE {key} = ANY(%s) ORDER BY {key} FOR UPDATE"
 
 
 # -- steps -----------------------------------------------------------------------------------------------

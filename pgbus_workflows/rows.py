@@ -191,19 +191,13 @@ def lock(model: type[M], keys: dict[str, Any], *, skip_locked: bool = False) -> 
 
 
 def lock_pair(parent: type[M], child: type[N], link: str, parent_pk: Any, child_pk: Any) -> tuple[M, N] | None:
-    """Lock a parent row, then one of its children, in one round trip (PostgreSQL).
+    """Lock a parent row, then one of its children, in one round trip (PostgreSQL): :func:`lock_pairs` of one.
 
-    The CTE locks the parent first, so the lock order is the same as two statements; the
-    child's ``FOR UPDATE`` then re-reads it at its latest committed version. None when either
-    row is missing (the caller then locks them one by one to tell which).
+    The child's ``FOR UPDATE`` re-reads it at its latest committed version. None when either
+    row is missing, or the child is another parent's (the caller then locks them one by one
+    to tell which).
     """
-    with sql.cursor() as cursor:
-        cursor.execute(sql.statement("lock_pair", parent, child, link), [parent_pk, child_pk])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    split = len(parent._meta.concrete_fields)
-    return from_row(parent, row[:split]), from_row(child, row[split:])
+    return lock_pairs(parent, child, link, [(parent_pk, child_pk)])[0].get(child_pk)
 
 
 def lock_pairs(

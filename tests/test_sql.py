@@ -80,7 +80,6 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         "unnest_insert": (WorkflowRun, ("id", "workflow_id"), True, ("workflow_class",)),
         "unnest_update": (WorkflowStep, ("status",)),
         "lock": (WorkflowRun, ("id",), True),
-        "lock_pair": (WorkflowRun, WorkflowStep, "run_id"),
         "lock_many": (WorkflowRun,),
         "claim_steps": (True, 2, True),
         "due_jobs": (True, True),

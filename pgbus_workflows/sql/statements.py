@@ -175,17 +175,6 @@ def lock(conn: Any, model: type[Model], keys: tuple[str, ...], skip_locked: bool
     return text
 
 
-@builds("lock_pair")
-def lock_pair(conn: Any, parent: type[Model], child: type[Model], link: str) -> str:
-    """Lock a parent row, then one of its children, in one statement (PostgreSQL)."""
-    return (
-        f"WITH p AS (SELECT {columns(conn, parent)} FROM {table(conn, parent)} "
-        f"WHERE {pk(conn, parent)} = %s FOR UPDATE) "
-        f"SELECT p.*, {columns(conn, child, 'c.')} FROM p JOIN {table(conn, child)} c "
-        f"ON c.{pk(conn, child)} = %s AND c.{quote(conn, link)} = p.{pk(conn, parent)} FOR UPDATE OF c"
-    )
-
-
 @builds("lock_many")
 def lock_many(conn: Any, model: type[Model]) -> str:
     """Lock the rows of ``model`` whose keys are in an array, in key order (PostgreSQL).

@@ -207,31 +207,29 @@ def lock_pairs(
 
     ``pairs`` are ``(parent pk, child pk)``; returns ``{child pk: (parent, child)}`` for the
     pairs that exist, and the rows of the query ``then`` (sent in the same round trip, after
-    the locks). Parents are locked in ascending key order, all before any child (two
-    statements of one pipeline, run in turn), so two batches never deadlock, and the lock
-    order is the same as for one pair.
+    the locks). Parents are locked in ascending key order, all before any child, so two
+    batches never deadlock, and the lock order is the same as for one pair.
     """
-    lock = sql.statement("lock_many", parent), sql.statement("lock_many", child)
-    with sql.pipeline() as parents:
-        parents.execute(lock[0], [sorted({p for p, _ in pairs})])
-        cursors = [parents, sql.pipelined_cursor()]
-        try:
-            cursors[1].execute(lock[1], [[c for _, c in pairs]])
-            if then is not None:
-                cursors.append(sql.pipelined_cursor())
-                cursors[2].execute(then[0], then[1])
-            found = [cursor.fetchall() for cursor in cursors]
-        finally:
-            for cursor in cursors[1:]:
-                cursor.close()
-    by_key = {row.pk: row for row in (from_row(parent, values) for values in found[0])}
+    params: list[Any] = [[p for p, _ in pairs], [c for _, c in pairs]]
+    extra: list[tuple[Any, ...]] = []
+    with sql.pipeline() as cursor:
+        cursor.execute(sql.statement("lock_pairs", parent, child, link), params)
+        if then is not None:
+            second = sql.pipelined_cursor()
+            try:
+                second.execute(then[0], then[1])
+                found = cursor.fetchall()
+                extra = second.fetchall()
+            finally:
+                second.close()
+        else:
+            found = cursor.fetchall()
+    split = len(parent._meta.concrete_fields)
     locked = {}
-    for values in found[1]:
-        child_row = from_row(child, values)
-        owner = by_key.get(getattr(child_row, link))
-        if owner is not None:
-            locked[child_row.pk] = (owner, child_row)
-    return locked, found[2] if then is not None else []
+    for row in found:
+        child_row = from_row(child, row[split:])
+        locked[child_row.pk] = (from_row(parent, row[:split]), child_row)
+    return locked, extra
 
 
 def from_row(model: type[M], row: Sequence[Any]) -> M:

@@ -44,7 +44,7 @@ def test_an_execute_wrapper_sees_every_statement_of_a_claim_and_an_outcome_pipel
 
     # (earlier tests may have taught this process names it cannot run: the filter then varies)
     assert any(a_claim(text) for text in seen)
-    assert sql.statement("lock_many", WorkflowStep) in seen  # a pipelined statement
+    assert sql.statement("lock_pairs", WorkflowRun, WorkflowStep, "run_id") in seen  # a pipelined statement
     events = sql.statement("insert_many", WorkflowEvent, 1, (), False).split(" VALUES")[0]
     assert any(text.startswith(events) for text in seen)  # the batched writes (pipelined)
     assert sql.statement("notify") in seen
@@ -80,7 +80,7 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         "unnest_insert": (WorkflowRun, ("id", "workflow_id"), True, ("workflow_class",)),
         "unnest_update": (WorkflowStep, ("status",)),
         "lock": (WorkflowRun, ("id",), True),
-        "lock_many": (WorkflowRun,),
+        "lock_pairs": (WorkflowRun, WorkflowStep, "run_id"),
         "claim_steps": (True, 2, True),
         "due_jobs": (True, True),
         "look_ahead": (True,),

@@ -175,16 +175,25 @@ def lock(conn: Any, model: type[Model], keys: tuple[str, ...], skip_locked: bool
     return text
 
 
-@builds("lock_many")
-def lock_many(conn: Any, model: type[Model]) -> str:
-    """Lock the rows of ``model`` whose keys are in an array, in key order (PostgreSQL).
+@builds("lock_pairs")
+def lock_pairs(conn: Any, parent: type[Model], child: type[Model], link: str) -> str:
+    """Lock several parents in key order, then the children given by their keys, in one statement (PostgreSQL).
 
-    Read by the primary key alone, whatever the statistics say: a join to the parents would
-    let the planner, trusting statistics taken while the tables were nearly empty, read a
-    whole other index of the table for what the keys find in a few pages.
+    Each side is read by its primary key alone (``= ANY``), whatever the statistics say: a
+    join of the children to their parents let the planner, trusting statistics taken while
+    the tables were nearly empty, read a whole index of the children for what the keys find
+    in a few pages. The children's condition asks for the parents' count, which reads (and
+    locks) every parent before the first child is locked; the pairs are matched in memory.
+    Placeholders: the parents' keys, then the children's.
     """
-    key = pk(conn, model)
-    return f"SELECT {columns(conn, model)} FROM {table(conn, model)} WHERE {key} = ANY(%s) ORDER BY {key} FOR UPDATE"
+    key = pk(conn, parent)
+    return (
+        f"WITH p AS (SELECT {columns(conn, parent)} FROM {table(conn, parent)} "
+        f"WHERE {key} = ANY(%s) ORDER BY {key} FOR UPDATE), "
+        f"c AS (SELECT {columns(conn, child)} FROM {table(conn, child)} "
+        f"WHERE {pk(conn, child)} = ANY(%s) AND (SELECT count(*) FROM p) >= 0 FOR UPDATE) "
+        f"SELECT p.*, c.* FROM p JOIN c ON c.{quote(conn, link)} = p.{key}"
+    )
 
 
 # -- steps -----------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -27,7 +28,7 @@ from tests.procs import eventually
 from tests.testapp.jobs import fail_on, nothing
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import Counted, NoOp3, Slow
-from tests.threads import Worker
+from tests.threads import JOIN_TIMEOUT, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -152,6 +153,49 @@ def test_two_batches_over_the_same_runs_in_opposite_orders_never_deadlock():
     assert WorkflowStep.objects.filter(step_name="b").count() == 30  # each run advanced once
     discarded = Counter(WorkflowEvent.objects.filter(kind="outcome_discarded").values_list("run_id", flat=True))
     assert len(discarded) == 30 and set(discarded.values()) == {1}
+
+
+def test_the_outcomes_lock_takes_every_run_before_any_of_their_steps():
+    """A batch waiting for a run another transaction holds has locked none of the steps yet."""
+    first, second = NoOp3.start(), NoOp3.start()
+    steps = {wf.record.pk: WorkflowStep.objects.get(run=wf.record).pk for wf in (first, second)}
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_second_run():
+        with transaction.atomic():
+            rows.lock(WorkflowRun, {"id": second.record.pk})
+            held.set()
+            release.wait(JOIN_TIMEOUT)
+
+    def lock_the_batch():
+        with transaction.atomic():
+            return rows.lock_pairs(WorkflowRun, WorkflowStep, "run_id", list(steps.items()))[0]
+
+    holder = Worker(hold_the_second_run)
+    holder.start()
+    assert held.wait(JOIN_TIMEOUT)
+    batch = Worker(lock_the_batch)
+    batch.start()
+    eventually(lambda: waiting_for_a_lock() == 1, what="the batch to wait for the second run")
+
+    with transaction.atomic():  # had it locked a step first, NOWAIT would fail here
+        free = list(WorkflowStep.objects.select_for_update(nowait=True).filter(pk__in=steps.values()))
+    release.set()
+    holder.finish()
+    locked = batch.finish()
+
+    assert len(free) == 2
+    assert {pk: (run.pk, step.pk) for pk, (run, step) in locked.items()} == {s: (r, s) for r, s in steps.items()}
+
+
+def waiting_for_a_lock() -> int:
+    """How many other sessions of this database wait for a row lock now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
 
 
 def test_still_in_progress_tells_which_claims_were_cancelled_since():

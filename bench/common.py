@@ -183,3 +183,27 @@ def quantiles_ms(seconds: Sequence[float], *percents: int) -> list[float]:
     """The ``percents`` percentiles of ``seconds``, in milliseconds (``statistics.quantiles``, exclusive)."""
     cuts = statistics.quantiles([s * 1000 for s in seconds], n=100)
     return [cuts[p - 1] for p in percents]
+
+
+def print_paired(heading: str, baseline: tuple[str, Sequence[float]], other: tuple[str, Sequence[float]]) -> None:
+    """A Markdown table of two series of steps/s paired by repetition, and their ratios; each with its median."""
+    ratios = paired_ratios(baseline[1], other[1])
+    print(f"| {heading} | each repetition | median |")
+    print("|---|---|---:|")
+    for what, values, shown in (
+        (f"{baseline[0]} (baseline)", baseline[1], "{:,.0f}"),
+        (other[0], other[1], "{:,.0f}"),
+        ("ratio, paired by repetition", ratios, "{:.2f}"),
+    ):
+        each = " / ".join(shown.format(value) for value in values)
+        print(f"| {what} | {each} | {shown.format(statistics.median(values))} |")
+
+
+def paired_ratios(baseline: Sequence[float], other: Sequence[float]) -> list[float]:
+    """Each of ``other`` over ``baseline``'s of the same repetition."""
+    return [after / before for before, after in zip(baseline, other, strict=True)]
+
+
+def paired_median(baseline: Sequence[float], other: Sequence[float]) -> float:
+    """The median of :func:`paired_ratios`."""
+    return statistics.median(paired_ratios(baseline, other))

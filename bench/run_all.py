@@ -8,21 +8,25 @@ started before the dispatchers) with one and two dispatchers and with batching o
 (``BATCH_SIZE`` 1); fan-out insert and drain jobs/s; the trickle measurements of issue #16
 (``bench.trickle``: steps/s while a client starts runs one transaction each, ``start()``'s
 cost and latency, call-to-body latency at idle, dispatcher memory, and the same workloads on
-Procrastinate unless ``--no-peers``); and backlog steps/s with 1,000,000 finished runs in the
-tables against empty tables. Steps/s are the median of three measurements. ``--quick``
+Procrastinate unless ``--no-peers``); backlog steps/s with 1,000,000 finished runs in the
+tables against empty tables; and the trickle behind 200,000 runs waiting days for their next
+step against one on empty tables (``bench.waiting``, paired). Steps/s are the median of three
+measurements. ``--quick``
 shrinks every size (a smoke run, not figures to publish).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from bench import rss
-from bench.common import drop_database, pgbench_tps, recreate_database
+from bench.common import drop_database, paired_median, pgbench_tps, recreate_database
 from bench.dispatch import median_throughput
 from bench.fanout import drain
 from bench.history import compare
 from bench.trickle import Row, machine_row, measure, parse_sizes, print_table, rows
+from bench.waiting import measure as measure_waiting
 
 
 def main() -> None:
@@ -31,6 +35,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="of each dispatcher in the backlog rows (4)")
     args, sizes = parse_sizes(parser)
     runs, jobs, history = (200, 1000, 20_000) if args.quick else (1000, 10_000, 1_000_000)
+    waiting = (20_000, 1) if args.quick else (200_000, 3)  # runs waiting days, repetitions
     c = args.concurrency
 
     recreate_database()
@@ -43,6 +48,7 @@ def main() -> None:
         ours, peer = measure(sizes, not args.no_peers)
         empty, full = compare(history, runs, c)
         memory = rss.measure(sizes.rss_steps)
+        plain, behind = measure_waiting(waiting[0], runs, waiting[1])
     finally:
         drop_database()
     table: list[Row] = [
@@ -63,6 +69,12 @@ def main() -> None:
             f"backlog steps/s, 1 dispatcher, {history:,} finished runs",
             f"{full:,.0f}",
             f"{full / tps:.2f} ({full / empty:.2f} of empty)",
+            "",
+        ),
+        (
+            f"trickle steps/s, 1 dispatcher of 4, behind {waiting[0]:,} runs waiting days ({runs:,} runs)",
+            f"{statistics.median(behind):,.0f}",
+            f"{statistics.median(behind) / tps:.2f} ({paired_median(plain, behind):.2f} of empty, paired)",
             "",
         ),
         *rows(tps, sizes, ours, peer, memory),

@@ -20,9 +20,8 @@ Prints each trickle's steps/s and the median of the ratios paired within a repet
 from __future__ import annotations
 
 import argparse
-import statistics
 
-from bench.common import drop_database, recreate_database
+from bench.common import drop_database, print_paired, recreate_database
 
 #: The runs started, then deleted but one, before the VACUUM.
 EMPTIED = 300
@@ -68,16 +67,11 @@ def main() -> None:
         plain, vacuumed = measure(args.runs, args.repeat)
     finally:
         drop_database()
-    ratios = [after / before for before, after in zip(plain, vacuumed, strict=True)]
-    print(f"| trickle steps/s, 1 dispatcher, concurrency 4 ({args.runs:,} runs) | each repetition | median |")
-    print("|---|---|---:|")
-    for what, values, shown in (
-        ("tables never analysed (baseline)", plain, "{:,.0f}"),
-        ("emptied and vacuumed first", vacuumed, "{:,.0f}"),
-        ("ratio, paired by repetition", ratios, "{:.2f}"),
-    ):
-        each = " / ".join(shown.format(value) for value in values)
-        print(f"| {what} | {each} | {shown.format(statistics.median(values))} |")
+    print_paired(
+        f"trickle steps/s, 1 dispatcher, concurrency 4 ({args.runs:,} runs)",
+        ("tables never analysed", plain),
+        ("emptied and vacuumed first", vacuumed),
+    )
 
 
 if __name__ == "__main__":

@@ -144,7 +144,8 @@ def _claim_pass(
     """
     params: list[Any] = [value for pair in unknown for value in pair]  # the run's lateral subquery comes first
     params += [due_by, *([] if queues is None else [queues])]
-    params += [limit, _catalog_parameter(), now, claimed_by, now, settings.STALL_THRESHOLD, now]
+    params += [limit, limit]  # a priority's, the claim's
+    params += [_catalog_parameter(), now, claimed_by, now, settings.STALL_THRESHOLD, now]
     event = _started_event(now, claimed_by)
     db = transaction.get_connection()
     params += [rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)]

@@ -14,11 +14,13 @@ import pytest
 from django.db import connection, transaction
 
 from pgbus_workflows import clock
-from pgbus_workflows.models import WorkflowRun, WorkflowStep
-from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps
+from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step
+from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows.services.fanout import claim_due_jobs
 from pgbus_workflows.session import connection_params
 from tests.test_query_plans import claim_statement
-from tests.testapp.workflows import NoOp3
+from tests.testapp.workflows import NoOp3, Squares
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -77,29 +79,81 @@ def test_the_look_ahead_is_the_earliest_step_due_later_of_a_ready_run_in_any_pri
     assert steps == [] and ahead.next_due_at == at
 
 
-def test_a_claim_reads_no_more_with_twenty_thousand_runs_waiting_days_for_their_next_step():
-    def pages_read_by_a_claim() -> int:
-        NoOp3.start(), NoOp3.start()  # one claimed to see the statement, one by the claim explained (and run)
+def pages_read(claim, marker: str) -> int:
+    """The pages the claim's statement reads (``EXPLAIN ANALYZE``, planned as a claim is); nothing it does is kept."""
+    with transaction.atomic():
         with transaction.atomic():
-            text, params = claim_statement(lambda: claim_and_look_ahead(1, claimed_by="d"), "AS step_key")
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL enable_seqscan = off")
-                cursor.execute("SET LOCAL enable_bitmapscan = off")
-                cursor.execute("SET LOCAL jit = off")
-                cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + text, params)
-                plan = cursor.fetchone()[0][0]["Plan"]
-        assert WorkflowStep.objects.filter(status="scheduled", scheduled_at__lte=clock.now()).count() == 0
-        return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
+            text, params = claim_statement(claim, marker)
+            transaction.set_rollback(True)
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("SET LOCAL enable_bitmapscan = off")
+            cursor.execute("SET LOCAL jit = off")
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + text, params)
+            plan = cursor.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
 
-    alone = pages_read_by_a_claim()
-    NoOp3.start_many([{} for _ in range(20_000)])
-    WorkflowStep.objects.filter(status="scheduled").update(scheduled_at=clock.now() + timedelta(days=3))
+
+def vacuum(model) -> None:
+    """Their entries as due now are gone, as after a wait written when the step was scheduled."""
     with connection.cursor() as cursor:
-        cursor.execute(f"VACUUM {WorkflowStep._meta.db_table}")  # their entries as due now are gone, as after a wait
-    behind_them = pages_read_by_a_claim()
+        cursor.execute(f"VACUUM {model._meta.db_table}")
 
-    # Their due index entries alone fill about 60 pages; each of the claim's few descents of
-    # an index grown a level deeper reads a page more. The claim that read the index whole read about 60,000 here.
-    assert behind_them - alone <= 20, (alone, behind_them)
-    steps, ahead = claim_and_look_ahead(10, claimed_by="d")
+
+# Twenty thousand entries fill about 60 pages of an index; each of the claim's few descents
+# of one grown a level deeper reads a page more. The claims that read these indexes whole
+# read about 60,000 pages behind the runs (the look-ahead fetched each step and its run).
+MORE_PAGES = 20
+
+
+def test_a_claim_reads_no_more_with_twenty_thousand_runs_waiting_days_for_their_next_step():
+    def claim():
+        return claim_and_look_ahead(1, claimed_by="d")
+
+    NoOp3.start()
+    alone = pages_read(claim, "AS step_key")
+    NoOp3.start_many([{} for _ in range(20_000)])
+    WorkflowStep.objects.filter(status="scheduled").exclude(pk=WorkflowStep.objects.earliest("pk").pk).update(
+        scheduled_at=clock.now() + timedelta(days=3)
+    )
+    vacuum(WorkflowStep)
+    behind_them = pages_read(claim, "AS step_key")
+
+    assert behind_them - alone <= MORE_PAGES, (alone, behind_them)
+    (claimed,) = claim()[0]  # the one due
+    assert claimed.pk == WorkflowStep.objects.earliest("pk").pk
+    steps, ahead = claim()
     assert steps == [] and ahead.next_due_at > clock.now() + timedelta(days=2)
+
+
+def fan_out(jobs: int) -> WorkflowRun:
+    """A Squares run whose fan-out of ``jobs`` jobs is open (the jobs pending, due now)."""
+    wf = Squares.start(count=jobs)
+    execute_step(claim_step(WorkflowStep.objects.get(run=wf.record).pk))
+    return wf.record
+
+
+def test_a_job_claim_and_the_look_ahead_read_no_more_with_twenty_thousand_jobs_backing_off():
+    def job_claim():
+        return claim_due_jobs(10, claimed_by="d")
+
+    def claim():
+        return claim_and_look_ahead(10, claimed_by="d")
+
+    due = fan_out(1)
+    alone = pages_read(job_claim, "SELECT id, function, scheduled_at"), pages_read(claim, "AS step_key")
+    backing_off = fan_out(20_000)
+    later = clock.now() + timedelta(hours=1)
+    FanOutJob.objects.filter(step__run=backing_off).update(scheduled_at=later)  # as after a failure each
+    vacuum(FanOutJob)
+    behind_them = pages_read(job_claim, "SELECT id, function, scheduled_at"), pages_read(claim, "AS step_key")
+
+    assert all(after - before <= MORE_PAGES for before, after in zip(alone, behind_them, strict=True)), (
+        alone,
+        behind_them,
+    )
+    (job,) = job_claim()
+    assert job.step.run_id == due.pk
+    steps, ahead = claim()
+    assert steps == [] and not ahead.jobs_due and ahead.next_due_at == later

@@ -92,10 +92,11 @@ def _due_jobs(
         return list(due.values_list("pk", "function", "scheduled_at")[:limit])
     params: list[Any] = [now, *([] if queues is None else [queues]), *([unknown, cutoff] if unknown else [])]
     text = sql.statement("due_jobs", queues is not None, bool(unknown))
+    params += [limit, limit]  # a priority's, the claim's
     if in_index_order:
-        return [(pk, path, at) for pk, path, at in sql.fetch_in_index_order(text, [*params, limit])]
+        return [(pk, path, at) for pk, path, at in sql.fetch_in_index_order(text, params)]
     with sql.cursor() as cursor:
-        cursor.execute(text, [*params, limit])
+        cursor.execute(text, params)
         return [(pk, path, at) for pk, path, at in cursor.fetchall()]
 
 

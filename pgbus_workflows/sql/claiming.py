@@ -119,7 +119,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     flag = "set_config('synchronous_commit', 'off', true)" if without_flush else "NULL::text"
     ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues)}) l(next_due_at, jobs_due)"
     return (
-        f"WITH RECURSIVE priorities AS ({priorities(conn)}), "
+        f"WITH RECURSIVE {priorities(conn, 'priorities', WorkflowStep)}, "
+        f"{priorities(conn, 'job_priorities', FanOutJob)}, "
         f"due AS ({due}), runnable AS ({runnable}), attempts AS ({attempts}), moved AS ({moved}), "
         f"started AS ({started}), ahead AS ({ahead}) "
         "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, due.class_name, due.step_name, "
@@ -156,17 +157,23 @@ def steps_in_progress(conn: Any) -> str:
 def due_jobs(conn: Any, queues: bool, unknown: bool) -> str:
     """Due pending jobs by priority (the partial index ``pgbus_wf_job_due``), locked (PostgreSQL).
 
-    ``queues``: whether an array of queue names follows; ``unknown``: whether an array of
-    function paths follows, left out while they are younger than a cutoff.
+    Read a priority at a time, as the steps' claim reads them (:func:`priorities`): jobs
+    backing off after failures wait in the same index. Placeholders: now; (``queues``) an
+    array of queue names; (``unknown``) an array of function paths, left out while they are
+    younger than the cutoff that follows; the limit, twice (a priority's, the claim's).
     """
     where = [f"status = {literal(JobStatus.PENDING)}", "scheduled_at <= %s"]
     if queues:
         where.append("queue = ANY(%s)")
     if unknown:
         where.append("NOT (function = ANY(%s) AND scheduled_at > %s)")
+    of_priority = (
+        f"SELECT id, function, scheduled_at FROM {table(conn, FanOutJob)} WHERE priority = p.priority AND "
+        f"{' AND '.join(where)} ORDER BY scheduled_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
+    )
     return (
-        f"SELECT id, function, scheduled_at FROM {table(conn, FanOutJob)} "
-        f"WHERE {' AND '.join(where)} ORDER BY priority, scheduled_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
+        f"WITH RECURSIVE {priorities(conn, 'priorities', FanOutJob)} "
+        f"SELECT d.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) d LIMIT %s"
     )
 
 
@@ -181,31 +188,34 @@ def start_jobs(conn: Any) -> str:
     )
 
 
-def priorities(conn: Any) -> str:
-    """The priorities of the scheduled steps, lowest first, each found by one descent of the due index (PostgreSQL).
+def priorities(conn: Any, name: str, model: type[WorkflowStep] | type[FanOutJob]) -> str:
+    """A recursive CTE ``name``: the priorities of the due-index rows of ``model``, lowest first (PostgreSQL).
 
-    The body of a recursive CTE named ``priorities`` (one column, ``priority``; a last NULL
-    ends it). PostgreSQL reads a bounded range of the index ``pgbus_wf_step_due`` (priority,
-    ``scheduled_at``, id) only within one priority: the claim and the look-ahead read one
-    range per priority.
+    The scheduled steps (index ``pgbus_wf_step_due``) or the pending jobs (``pgbus_wf_job_due``),
+    both on (priority, ``scheduled_at``, id). One column, ``priority``; a last NULL ends it;
+    each priority is one descent of the index. PostgreSQL bounds a read of such an index by
+    ``scheduled_at`` only within one priority: read whole, it holds every row due later
+    too, so the claims and the look-ahead read one range per priority.
     """
-    steps, scheduled = table(conn, WorkflowStep), literal(StepStatus.SCHEDULED)
-    status, priority = column(conn, WorkflowStep, "status"), column(conn, WorkflowStep, "priority")
-    after = f"SELECT MIN(s.{priority}) FROM {steps} s WHERE s.{status} = {scheduled} AND s.{priority} > p.priority"
+    rows = table(conn, model)
+    status, priority = column(conn, model, "status"), column(conn, model, "priority")
+    due = literal(StepStatus.SCHEDULED if model is WorkflowStep else JobStatus.PENDING)
+    after = f"SELECT MIN(x.{priority}) FROM {rows} x WHERE x.{status} = {due} AND x.{priority} > p.priority"
     return (
-        f"SELECT MIN({priority}) AS priority FROM {steps} WHERE {status} = {scheduled} UNION ALL "
-        f"SELECT ({after}) FROM priorities p WHERE p.priority IS NOT NULL"
+        f"{name} AS (SELECT MIN({priority}) AS priority FROM {rows} WHERE {status} = {due} UNION ALL "
+        f"SELECT ({after}) FROM {name} p WHERE p.priority IS NOT NULL)"
     )
 
 
 def look_ahead(conn: Any, queues: bool) -> str:
     """When the loop must next look (PostgreSQL): the earliest future step or job, and whether a job is due now.
 
-    Part of the claim's statement, so it costs no round trip of its own. For the steps, it
-    reads the CTE ``priorities`` (:func:`priorities`), and in each priority's range of the due
-    index the first step due later whose run is ready: a few index pages, however many steps
-    wait for later. Placeholders: the claim's ``now``, then (``queues``) an array of queue
-    names, both twice, for steps, then for jobs. Only what is due *after* ``now`` counts: a
+    Part of the claim's statement, so it costs no round trip of its own. It reads the CTEs
+    ``priorities`` and ``job_priorities`` (:func:`priorities`), and in each priority's range
+    of the due index the first step due later whose run is ready, the first job due later,
+    and whether one is due now: a few index pages, however many wait for later.
+    Placeholders: the claim's ``now``, then (``queues``) an array of queue names, three
+    times: the steps due later, the jobs due later, the jobs due now. Only what is due *after* ``now`` counts: a
     step due now that the claim passed over is held by another transaction (whose commit
     sends a ``NOTIFY``) or waits for newer code, and must not make the loop spin on it.
     """
@@ -218,9 +228,17 @@ def look_ahead(conn: Any, queues: bool) -> str:
         f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) = {literal(RunStatus.READY)} "
         "ORDER BY s.scheduled_at LIMIT 1"
     )
+    job_later = (
+        f"SELECT scheduled_at FROM {jobs} WHERE status = {pending} AND priority = p.priority "
+        f"AND scheduled_at > %s{in_queues.format('')} ORDER BY scheduled_at LIMIT 1"
+    )
+    job_now = (
+        f"SELECT 1 FROM {jobs} WHERE status = {pending} AND priority = p.priority "
+        f"AND scheduled_at <= %s{in_queues.format('')} LIMIT 1"
+    )
     return (
         "SELECT LEAST("
         f"(SELECT MIN(l.scheduled_at) FROM priorities p CROSS JOIN LATERAL ({first_later}) l), "
-        f"(SELECT MIN(scheduled_at) FROM {jobs} WHERE status = {pending} AND scheduled_at > %s{in_queues.format('')})"
-        f"), EXISTS (SELECT 1 FROM {jobs} WHERE status = {pending} AND scheduled_at <= %s{in_queues.format('')})"
+        f"(SELECT MIN(l.scheduled_at) FROM job_priorities p CROSS JOIN LATERAL ({job_later}) l)"
+        f"), EXISTS (SELECT 1 FROM job_priorities p CROSS JOIN LATERAL ({job_now}) l)"
     )

@@ -227,6 +227,29 @@ def test_claims_and_outcomes_read_runs_and_steps_by_index_when_the_tables_looked
     assert setting("enable_seqscan") == "on"  # each transaction's own setting
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_statements_are_never_jit_compiled_and_its_claims_keep_their_generic_plan(
+    monkeypatch, executed_plans
+):
+    # Behind many steps waiting for later, a claim's estimate grew past jit_above_cost (25 ms
+    # compiling a claim that ran in 1 ms), and PostgreSQL planned each prepared claim anew
+    # (1.5 ms a claim): both settings are its transaction's own, sent with the statement.
+    monkeypatch.setattr(sql, "_prepared_at", set())
+    connection.ensure_connection()
+    sql.prepare_statements(connection.connection)
+    start_elsewhere(8)
+    executed_plans.clear()
+
+    assert run_steps_as_a_worker() == 24
+
+    claims = [plan for plan in executed_plans if "CTE due" in plan]
+    outcomes = [plan for plan in executed_plans if "Query Text: WITH p AS" in plan]  # the outcome's lock
+    assert len(claims) == 9 and outcomes, executed_plans[:3]
+    assert all("jit = 'off'" in plan and "plan_cache_mode = 'force_generic_plan'" in plan for plan in claims)
+    assert all("jit = 'off'" in plan and "plan_cache_mode" not in plan for plan in outcomes), outcomes[0]
+    assert (setting("jit"), setting("plan_cache_mode")) == ("on", "auto")  # nothing left on the session
+
+
 def setting(name: str) -> str:
     with connection.cursor() as cursor:
         cursor.execute(psql.SQL("SHOW {}").format(psql.Identifier(name)).as_string(None))

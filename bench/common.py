@@ -185,6 +185,26 @@ def quantiles_ms(seconds: Sequence[float], *percents: int) -> list[float]:
     return [cuts[p - 1] for p in percents]
 
 
+def paired_trickles(runs: int, repeat: int, prepare: Callable[[], Any]) -> tuple[list[float], list[float]]:
+    """Steps/s of ``bench.trickle``'s trickles (a dispatcher of four): the baseline's, and those after ``prepare()``.
+
+    Paired by repetition, in an order alternating from one repetition to the next; each on a
+    database made anew, never analysed: what one trickle leaves (its rows, a vacuum's or an
+    ANALYZE's statistics) would otherwise outlive it into the next.
+    """
+    from bench.trickle import trickle
+
+    plain: list[float] = []
+    prepared: list[float] = []
+    for repetition in range(repeat):
+        for after in (False, True) if repetition % 2 == 0 else (True, False):
+            recreate_database()
+            if after:
+                prepare()
+            (prepared if after else plain).append(trickle(runs, 1, 4).steps_per_s)
+    return plain, prepared
+
+
 def print_paired(heading: str, baseline: tuple[str, Sequence[float]], other: tuple[str, Sequence[float]]) -> None:
     """A Markdown table of two series of steps/s paired by repetition, and their ratios; each with its median."""
     ratios = paired_ratios(baseline[1], other[1])

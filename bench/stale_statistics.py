@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import drop_database, print_paired, recreate_database
+from bench.common import drop_database, paired_trickles, print_paired
 
 #: The runs started, then deleted but one, before the VACUUM.
 EMPTIED = 300
@@ -44,17 +44,7 @@ def empty_and_vacuum() -> None:
 
 def measure(runs: int, repeat: int) -> tuple[list[float], list[float]]:
     """Steps/s of the baseline trickles and of those after :func:`empty_and_vacuum`, paired by repetition."""
-    from bench.trickle import trickle
-
-    plain: list[float] = []
-    vacuumed: list[float] = []
-    for repetition in range(repeat):
-        for after_vacuum in (False, True) if repetition % 2 == 0 else (True, False):
-            recreate_database()  # never analysed: a vacuum's statistics outlive the rows it counted
-            if after_vacuum:
-                empty_and_vacuum()
-            (vacuumed if after_vacuum else plain).append(trickle(runs, 1, 4).steps_per_s)
-    return plain, vacuumed
+    return paired_trickles(runs, repeat, empty_and_vacuum)
 
 
 def main() -> None:

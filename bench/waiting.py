@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.common import drop_database, print_paired, recreate_database
+from bench.common import drop_database, paired_trickles, print_paired
 
 
 def fill_waiting(count: int) -> float:
@@ -57,17 +57,7 @@ def fill_waiting(count: int) -> float:
 
 def measure(waiting: int, runs: int, repeat: int) -> tuple[list[float], list[float]]:
     """Steps/s of the baseline trickles and of those behind ``waiting`` runs, paired by repetition."""
-    from bench.trickle import trickle
-
-    plain: list[float] = []
-    behind: list[float] = []
-    for repetition in range(repeat):
-        for parked in (False, True) if repetition % 2 == 0 else (True, False):
-            recreate_database()
-            if parked:
-                fill_waiting(waiting)
-            (behind if parked else plain).append(trickle(runs, 1, 4).steps_per_s)
-    return plain, behind
+    return paired_trickles(runs, repeat, lambda: fill_waiting(waiting))
 
 
 def main() -> None:

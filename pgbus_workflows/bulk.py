@@ -108,7 +108,8 @@ class WriteBatch:
 
     A ledger with a batch defers its writes here. :meth:`send` runs the updates, then the
     inserts (their keys read back), in one round trip; then the rows that refer to those
-    (the events, now that every new step has its key) and the NOTIFYs. Updates go first so
+    (the events, now that every new step has its key), the statements that read the rows
+    written (``after``) and the NOTIFYs. Updates go first so
     a run's ended attempt is no longer active when its next one is inserted.
     """
 
@@ -123,6 +124,8 @@ class WriteBatch:
         self.settle: set[tuple[int, int]] = set()
         #: Pks of fan-out jobs whose child ended: their fan-outs too (looked up after commit).
         self.settle_jobs: set[int] = set()
+        #: Statements run after every other write: they read the rows written before them.
+        self.after: list[Statement] = []
 
     def update(self, instance: Model, names: Sequence[str]) -> None:
         """Defer an ``UPDATE``; a row still to be inserted is written with its new values anyway."""
@@ -143,6 +146,7 @@ class WriteBatch:
                 rows.insert(instance)
             if self.rows:
                 sql.run_batch(insert_statements(link(self.rows)))
+            sql.run_batch(self.after)
             return
         with sql.pipeline() as cursor:
             for text, params in head:
@@ -156,6 +160,8 @@ class WriteBatch:
                     rows.mark_saved(instance, pk)
             if self.rows:
                 cursor.execute(*insert_statement(link(self.rows)))
+            for text, params in self.after:
+                cursor.execute(text, params)
             notify = sql.statement("notify")
             for queue in sorted(self.notify):
                 cursor.execute(notify, [channel, queue])

@@ -141,7 +141,7 @@ def _unserved_queues() -> list[CheckMessage]:
         served.update(queues)
     due = (
         _active_steps()
-        .filter(status=StepStatus.SCHEDULED, scheduled_at__lte=now, run__status=RunStatus.READY)
+        .filter(status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=now, run__status=RunStatus.READY)
         .values_list("queue")
         .annotate(n=Count("pk"))
         .order_by()

@@ -191,8 +191,8 @@ class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
         return self.filter(status__in=ACTIVE_STEP)
 
     def due(self, now: datetime | None = None) -> WorkflowStepQuerySet:
-        """Scheduled attempts whose time has come."""
-        return self.filter(status=StepStatus.SCHEDULED, scheduled_at__lte=now or timezone.now())
+        """Scheduled attempts whose time has come (but those a pause holds)."""
+        return self.filter(status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=now or timezone.now())
 
 
 class WorkflowStep(models.Model):
@@ -210,6 +210,11 @@ class WorkflowStep(models.Model):
     queue = models.CharField(_("queue"), max_length=255)
     priority = models.IntegerField(_("priority"), default=0)
     scheduled_at = models.DateTimeField(_("scheduled at"), default=timezone.now)
+    #: A scheduled attempt of a paused run: out of the claims' way (the due index orders it
+    #: after its priority's claimable attempts) until the run resumes. Written under the run's
+    #: lock with every move into or out of a pause (``RunLedger.flush``); the database's own
+    #: default keeps the inserts of code older than the column working in a rolling deploy.
+    held = models.BooleanField(_("held by a pause"), default=False, db_default=False)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     timeout = models.DurationField(_("timeout"), null=True, blank=True)
@@ -253,9 +258,10 @@ class WorkflowStep(models.Model):
             models.CheckConstraint(condition=Q(status__in=StepStatus.values), name="pgbus_wf_step_status_valid"),
         ]
         indexes = [
-            # Serves the claim query only: finished history never enters it.
+            # Serves the claim query only: finished history never enters it, and a paused run's
+            # attempt sits after its priority's claimable ones (``held``), out of every claim's range.
             models.Index(
-                fields=["priority", "scheduled_at", "id"],
+                fields=["priority", "held", "scheduled_at", "id"],
                 condition=Q(status=StepStatus.SCHEDULED),
                 name="pgbus_wf_step_due",
             ),

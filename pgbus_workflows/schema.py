@@ -71,6 +71,8 @@ def differences(connection: Any, app_models: Iterable[type[models.Model]]) -> li
                         found.append(Difference(table, item.name, "index uniqueness differs"))
                     elif index[2] != (item.condition is not None):
                         found.append(Difference(table, item.name, "index predicate differs"))
+                    elif item.fields and index[3] != _declared_columns(model, item):
+                        found.append(Difference(table, item.name, f"index columns differ: ({', '.join(index[3])})"))
                 else:
                     constraint = constraints.get(item.name)
                     if constraint is None:
@@ -81,14 +83,22 @@ def differences(connection: Any, app_models: Iterable[type[models.Model]]) -> li
     return found
 
 
-def _live_indexes(cursor: Any, table: str) -> dict[str, tuple[bool, bool, bool]]:
-    """``{name: (valid, unique, partial)}`` of the table's indexes."""
+def _live_indexes(cursor: Any, table: str) -> dict[str, tuple[bool, bool, bool, list[str]]]:
+    """``{name: (valid, unique, partial, columns)}`` of the table's indexes (an expression's column: '')."""
     cursor.execute(
-        "SELECT c.relname, i.indisvalid, i.indisunique, i.indpred IS NOT NULL FROM pg_index i "
-        "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass",
+        "SELECT c.relname, i.indisvalid, i.indisunique, i.indpred IS NOT NULL, "
+        "ARRAY(SELECT COALESCE(a.attname, '') FROM unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, n) "
+        "LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum ORDER BY k.n) "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass",
         [table],
     )
-    return {name: (valid, unique, partial) for name, valid, unique, partial in cursor.fetchall()}
+    return {row[0]: (row[1], row[2], row[3], list(row[4])) for row in cursor.fetchall()}
+
+
+def _declared_columns(model: type[models.Model], item: Any) -> list[str]:
+    """The columns of a declared index or constraint on fields, in order (``INCLUDE`` ones last)."""
+    names = [name.lstrip("-") for name in item.fields] + list(getattr(item, "include", None) or ())
+    return [str(model._meta.get_field(name).column) for name in names]  # type: ignore[union-attr]
 
 
 def _live_constraints(cursor: Any, table: str) -> dict[str, tuple[str, bool]]:
@@ -240,6 +250,25 @@ def create_index(schema_editor: Any, model: type[models.Model], index: models.In
             index.name,
             str(index.create_sql(model, schema_editor)),
         )
+
+
+def replace_index(schema_editor: Any, model: type[models.Model], old: models.Index, new: models.Index) -> None:
+    """Replace ``old`` by ``new``, of the same name, without a moment when neither serves a query.
+
+    On PostgreSQL ``new`` is built ``CONCURRENTLY`` under a name of its own, then ``old`` is
+    dropped concurrently and ``new`` takes its name (a rename holds no lock that stops reads
+    or writes). Run again after a failure, it picks up where it stopped. SQLite drops and adds.
+    """
+    if schema_editor.connection.vendor != "postgresql":
+        schema_editor.remove_index(model, old)
+        schema_editor.add_index(model, new)
+        return
+    interim = models.Index(fields=new.fields, condition=new.condition, name=f"{new.name}_next")
+    create_index(schema_editor, model, interim)
+    drop_indexes(schema_editor, [old.name])
+    quote = schema_editor.quote_name
+    with schema_editor.connection.cursor() as cursor, _lock_timeout(cursor):
+        cursor.execute(f"ALTER INDEX {quote(interim.name)} RENAME TO {quote(new.name)}")
 
 
 def enforce_on_delete(schema_editor: Any, app_models: Iterable[type[models.Model]], *, enforce: bool = True) -> None:

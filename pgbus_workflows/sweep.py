@@ -15,6 +15,8 @@ is logged and retried next time without stopping the others):
   when their attempts are spent); a dead dispatcher's jobs are put back the same way.
 - ``unknown_steps``: a step due for ``UNKNOWN_STEP_GRACE`` that no live dispatcher's code
   defines pauses its run with ``StepNotDefined`` recorded (``services.deploys``).
+- ``stray_holds``: a scheduled attempt held (``WorkflowStep.held``) although its run is no
+  longer paused (resumed by code older than the flag) is released (``services.deploys``).
 - ``lost_fan_outs``: a fan-out still waiting although all its jobs ended more than
   ``STALL_THRESHOLD`` ago is resolved as the last job would have resolved it.
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
@@ -47,7 +49,7 @@ from .conf import settings
 from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
 from .services.claims import stall
-from .services.deploys import pause_unknown_steps, skip_parked_gravestones
+from .services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
 from .services.fanout import recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
 from .services.waiting import expire_due_waits
@@ -253,6 +255,7 @@ class Sweeper:
             ("gravestones", partial(skip_parked_gravestones, failures=failures)),
             ("wait_timeouts", partial(expire_due_waits, failures=failures)),
             ("unknown_steps", partial(pause_unknown_steps, failures=failures)),
+            ("stray_holds", partial(release_stray_holds, failures=failures)),
             ("lost_fan_outs", partial(resolve_lost_fan_outs, failures=failures)),
         ]
         if cleanup:

@@ -212,7 +212,7 @@ def test_a_step_no_code_defines_waits_then_the_sweep_pauses_its_run_after_the_gr
     assert event.details["error_class"] == "pgbus_workflows.exceptions.StepNotDefined"
     assert event.details["unknown"] == "step" and event.actor == "system"
     ghost.refresh_from_db()
-    assert ghost.status == "scheduled"  # unrun: resumed once the code defines it
+    assert (ghost.status, ghost.held) == ("scheduled", True)  # unrun, out of the claims' way until resumed
     assert WorkflowSignal.objects.get(pk=signal.pk).status == "pending"
 
 

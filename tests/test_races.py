@@ -145,9 +145,9 @@ def test_pause_during_a_running_body_keeps_its_outcome_and_holds(order):
     assert outcome.kind == "success"
     wf.reload()
     assert (wf.status, wf.current_step) == ("paused", "after")
-    assert [(s.step_name, s.status, s.output) for s in steps_of(wf)] == [
-        ("slow", "completed", {"done": True}),
-        ("after", "scheduled", None),
+    assert [(s.step_name, s.status, s.held, s.output) for s in steps_of(wf)] == [
+        ("slow", "completed", False, {"done": True}),
+        ("after", "scheduled", True, None),  # held: out of every claim's way until the resume
     ]
     events = list(wf.events)
     paused = next(e for e in events if e.kind == "paused")

@@ -38,6 +38,44 @@ def test_the_comparison_sees_a_lost_index():
     assert schema.differences(connection, MODELS) == []
 
 
+def test_the_comparison_sees_an_index_on_other_columns():
+    # The due index as it was before 0011 (priority, scheduled_at, id): same name, same predicate.
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX pgbus_wf_step_due")
+        cursor.execute(
+            "CREATE INDEX pgbus_wf_step_due ON pgbus_workflows_workflowstep (priority, scheduled_at, id) "
+            "WHERE status = 'scheduled'"
+        )
+    try:
+        found = [str(d) for d in schema.differences(connection, MODELS)]
+        assert found == [
+            "pgbus_workflows_workflowstep.pgbus_wf_step_due: index columns differ: (priority, scheduled_at, id)"
+        ]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX pgbus_wf_step_due")
+        with connection.schema_editor(atomic=False) as editor:
+            assert schema.restore_declared(editor, MODELS) == ["pgbus_wf_step_due"]
+    assert schema.differences(connection, MODELS) == []
+
+
+def test_a_step_inserted_by_code_older_than_held_is_not_held():
+    # A rolling deploy: code from before 0011 inserts steps without the column; the database's
+    # default stands in for it, and the step is claimable as it always was.
+    Counted.start()
+    row = WorkflowStep.objects.get()
+    fields = [f for f in WorkflowStep._meta.concrete_fields if not f.primary_key and f.attname != "held"]
+    values = [f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    WorkflowStep.objects.all().delete()
+    with transaction.atomic(), connection.cursor() as cursor:
+        placeholders = ", ".join(["%s"] * len(fields))
+        cursor.execute(f"INSERT INTO {WorkflowStep._meta.db_table} ({columns}) VALUES ({placeholders})", values)
+    assert WorkflowStep.objects.get().held is False
+    (claimed,) = claim_due_steps(5, claimed_by="d")
+    assert claimed.step_name == row.step_name
+
+
 def insert_copy(row, **changes):
     """INSERT a copy of ``row`` with ``changes``, in raw SQL as a DBA's script would."""
     model = type(row)

@@ -17,7 +17,8 @@ alone (``check_invariants``):
 - at most one active step per run, and at most one ongoing run per (class, subject);
 - a run's status agrees with its active step (ready: scheduled, waiting: waiting,
   performing: in progress, finished/cancelled: none), ``finished_at`` and ``paused_reason``
-  agree with the status, ``current_step`` names the latest attempt;
+  agree with the status, ``current_step`` names the latest attempt, and an attempt is
+  ``held`` exactly when it is scheduled and its run paused;
 - the audit trail is a path through ``RUN_TRANSITIONS`` from ``started`` to the status,
   with one finish (cancel) transition exactly when the run is finished (cancelled);
 - attempts follow definition order (or an operator's ``resume_at``), are numbered 1..n per
@@ -270,6 +271,8 @@ def check_invariants() -> None:
                 assert row.finished_at is not None, f"{run}: {row} ended without finished_at"
             if row.status == "in_progress":
                 assert row.started_at is not None and row.stall_at is not None
+            # Out of the claims' range exactly while its run is paused (models.WorkflowStep.held).
+            assert row.held == (row.status == "scheduled" and run.status == "paused"), f"{run}: {row} held={row.held}"
 
         check_audit_trail(run, events)
         # A late outcome is discarded only when its attempt was cancelled or stalled meanwhile.

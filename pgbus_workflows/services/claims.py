@@ -100,7 +100,7 @@ def _claim_orm(
         for _ in range(_MAX_PASSES):
             unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))
             due = WorkflowStep.objects.select_related("run").filter(
-                status=StepStatus.SCHEDULED, scheduled_at__lte=due_by, run__status=RunStatus.READY
+                status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=due_by, run__status=RunStatus.READY
             )
             if queues is not None:
                 due = due.filter(queue__in=queues)
@@ -226,7 +226,7 @@ def _announce_claims(claimed: list[WorkflowStep]) -> None:
 
 def _look_ahead_orm(queues: list[str] | None, now: Any) -> LookAhead:
     """The :class:`LookAhead` through the ORM (SQLite)."""
-    steps = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, run__status=RunStatus.READY)
+    steps = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, held=False, run__status=RunStatus.READY)
     jobs = FanOutJob.objects.filter(status=JobStatus.PENDING)
     if queues is not None:
         steps, jobs = steps.filter(queue__in=queues), jobs.filter(queue__in=queues)

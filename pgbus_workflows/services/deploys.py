@@ -6,6 +6,9 @@
   defines it and resume the run, and it runs with its attempt (and any signal) intact.
 - ``gravestones``: a run waiting in a step that the code has since replaced by
   ``removed_step()`` moves on to the next step now (its wait would otherwise time out).
+- ``stray_holds``: a scheduled attempt still held (``WorkflowStep.held``) while its run is
+  no longer paused, as code older than the flag leaves it when it resumes a run that newer
+  code paused, is released: claims pass held attempts over.
 
 Each row is re-checked under the run lock and never waits for a run another transaction holds.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from functools import partial
 
+from .. import sql
 from ..conf import settings
 from ..deploy import catalog
 from ..models import Dispatcher, WorkflowStep
@@ -56,7 +60,7 @@ def pause_unknown_steps(now: datetime, failures: RowFailures | None = None) -> i
     grace = settings.UNKNOWN_STEP_GRACE
     overdue = (
         WorkflowStep.objects.filter(
-            status=StepStatus.SCHEDULED, scheduled_at__lt=now - grace, run__status=RunStatus.READY
+            status=StepStatus.SCHEDULED, held=False, scheduled_at__lt=now - grace, run__status=RunStatus.READY
         )
         .exclude(pk__in=failures.passed_over("unknown_steps"))
         .order_by("scheduled_at", "pk")
@@ -93,6 +97,37 @@ def _pause_unknown(step_pk: int, run_pk: int, now: datetime, known: dict[str, se
             "pause", RunStatus.PAUSED, kind="paused", step=step, actor=SYSTEM_ACTOR, reason=reason, details=details
         )
         ledger.set_run(paused_reason=reason[:2000])
+        return True
+
+
+def release_stray_holds(now: datetime, failures: RowFailures | None = None) -> int:
+    """Release the held attempts of runs that are not paused (at most ``BATCH_SIZE`` a sweep)."""
+    failures = failures or RowFailures()
+    passed_over = set(failures.passed_over("stray_holds"))
+    if sql.postgresql():
+        with sql.cursor() as cursor:
+            cursor.execute(sql.statement("stray_holds"), [BATCH_SIZE + len(passed_over)] * 2)
+            held = cursor.fetchall()
+    else:
+        held = list(
+            WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, held=True)
+            .exclude(run__status=RunStatus.PAUSED)
+            .values_list("pk", "run_id")[: BATCH_SIZE + len(passed_over)]
+        )
+    rows = [(step_pk, run_pk) for step_pk, run_pk in held if step_pk not in passed_over][:BATCH_SIZE]
+    return sum(
+        failures.act("stray_holds", step_pk, run_pk, partial(_release_hold, step_pk, run_pk, now))
+        for step_pk, run_pk in rows
+    )
+
+
+def _release_hold(step_pk: int, run_pk: int, now: datetime) -> bool:
+    with locked_step(run_pk, step_pk, now=now, skip_locked=True) as (ledger, step):
+        if ledger.run.status == RunStatus.PAUSED or step is None or step.status != StepStatus.SCHEDULED:
+            return False
+        if not step.held:
+            return False
+        ledger.release_hold(step)
         return True
 
 

@@ -74,6 +74,8 @@ class RunLedger:
         self.claim_for: Chain | None = None
         #: ``(status, step, reason)`` once the run ended in this unit of work (written at flush).
         self._ended: tuple[str, WorkflowStep | None, str | None] | None = None
+        #: Whether the run was paused when the unit of work began (its scheduled attempt held).
+        self._was_paused = run.status == RunStatus.PAUSED
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
@@ -302,11 +304,13 @@ class RunLedger:
         if self.writes is not None:
             self._defer(self.writes)
             self.writes.ended.update(ended)
+            self.writes.after.extend(self._holds())
             return
         statements = []
         if self._run_fields:
             statements.append(rows.update_statement(self.run, sorted(self._run_fields)))
             self._run_fields.clear()
+        statements += self._holds()  # after this unit's step rows: they were written as it went
         if self._events:
             statements.append(insert_statement(link(self._events), arrays=False))  # steps inserted since
             self._events = []
@@ -316,6 +320,29 @@ class RunLedger:
             statements += [(notify, [ended_channel(), workflow_id]) for workflow_id in ended]
         self._queues.clear()
         sql.run_batch(statements)  # one round trip
+
+    def _holds(self) -> list[sql.Statement]:
+        """The write that holds the run's scheduled attempt while it is paused and releases it after.
+
+        Only a unit of work that begins or ends with the run paused writes it: a held attempt
+        is out of the claims' range of the due index (``WorkflowStep.held``), and the flag
+        follows every move into and out of a pause, whichever verb or outcome made it.
+        """
+        paused = self.run.status == RunStatus.PAUSED
+        if not (paused or self._was_paused):
+            return []
+        self._was_paused = paused
+        return [(sql.statement("hold_steps"), [paused, self.run.pk, paused])]
+
+    def release_hold(self, step: WorkflowStep) -> None:
+        """Release the held attempt of a run that is no longer paused, and wake a dispatcher.
+
+        For the hold of a pause that code older than ``held`` ended (a rolling deploy): its
+        resume did not know to release it. Written at flush, as every hold.
+        """
+        self._was_paused = True
+        self.event("hold_released", step=step, reason="the run's pause ended in code that does not release holds")
+        self.wake(step.queue)
 
     def settle(self, step: WorkflowStep) -> None:
         """Once this unit of work commits, resolve the fan-out ``step`` of this run if its members all ended."""

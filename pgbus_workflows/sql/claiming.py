@@ -19,8 +19,9 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
 
     The due steps are read priority by priority, lowest first (:func:`priorities`), each
     priority's due range in the order of the partial index ``pgbus_wf_step_due`` (priority,
-    ``scheduled_at``), and locked with their runs (each run by its primary key, in a lateral
-    subquery, then the step): ``SKIP LOCKED`` never waits (no lock order to keep), and a row
+    ``held``, ``scheduled_at``: a paused run's attempts, held, are past the range), and
+    locked with their runs (each run by its primary key, in a lateral subquery, then the
+    step): ``SKIP LOCKED`` never waits (no lock order to keep), and a row
     changed since the snapshot is re-read at its latest version. Those whose ``(class, step
     name)`` this process's catalog knows are claimed (the attempt ``in_progress``, the run
     ``performing``, a ``step_started`` event);
@@ -55,6 +56,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
 
     where = [
         f"s.{step_col('status')} = {literal(StepStatus.SCHEDULED)}",
+        f"NOT s.{step_col('held')}",  # a paused run's: after the claimable ones, never read
         f"s.{step_col('scheduled_at')} <= %s",
     ]
     if queues:
@@ -188,14 +190,34 @@ def start_jobs(conn: Any) -> str:
     )
 
 
+@builds("stray_holds")
+def stray_holds(conn: Any) -> str:
+    """Held scheduled attempts whose run is not paused (PostgreSQL): ``(step key, run key)`` rows.
+
+    Read a priority at a time (:func:`priorities`), each priority's held range of the due
+    index, so the read grows with the held attempts only. Placeholders: the limit, twice.
+    """
+    steps, runs = table(conn, WorkflowStep), table(conn, WorkflowRun)
+    of_priority = (
+        f"SELECT s.id, s.run_id FROM {steps} s WHERE s.status = {literal(StepStatus.SCHEDULED)} "
+        "AND s.priority = p.priority AND s.held "
+        f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) <> {literal(RunStatus.PAUSED)} LIMIT %s"
+    )
+    return (
+        f"WITH RECURSIVE {priorities(conn, 'priorities', WorkflowStep)} "
+        f"SELECT h.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) h LIMIT %s"
+    )
+
+
 def priorities(conn: Any, name: str, model: type[WorkflowStep] | type[FanOutJob]) -> str:
     """A recursive CTE ``name``: the priorities of the due-index rows of ``model``, lowest first (PostgreSQL).
 
-    The scheduled steps (index ``pgbus_wf_step_due``) or the pending jobs (``pgbus_wf_job_due``),
-    both on (priority, ``scheduled_at``, id). One column, ``priority``; a last NULL ends it;
-    each priority is one descent of the index. PostgreSQL bounds a read of such an index by
-    ``scheduled_at`` only within one priority: read whole, it holds every row due later
-    too, so the claims and the look-ahead read one range per priority.
+    The scheduled steps (index ``pgbus_wf_step_due``, on (priority, ``held``, ``scheduled_at``,
+    id)) or the pending jobs (``pgbus_wf_job_due``, on (priority, ``scheduled_at``, id)). One
+    column, ``priority``; a last NULL ends it; each priority is one descent of the index.
+    PostgreSQL bounds a read of such an index by ``scheduled_at`` only within one priority:
+    read whole, it holds every row due later too, so the claims and the look-ahead read one
+    range per priority.
     """
     rows = table(conn, model)
     status, priority = column(conn, model, "status"), column(conn, model, "priority")
@@ -224,7 +246,7 @@ def look_ahead(conn: Any, queues: bool) -> str:
     pending = literal(JobStatus.PENDING)
     first_later = (
         f"SELECT s.scheduled_at FROM {steps} s WHERE s.status = {literal(StepStatus.SCHEDULED)} "
-        f"AND s.priority = p.priority AND s.scheduled_at > %s{in_queues.format('s.')} "
+        f"AND s.priority = p.priority AND NOT s.held AND s.scheduled_at > %s{in_queues.format('s.')} "
         f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) = {literal(RunStatus.READY)} "
         "ORDER BY s.scheduled_at LIMIT 1"
     )

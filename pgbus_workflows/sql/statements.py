@@ -15,7 +15,7 @@ from typing import Any
 from django.db.models import Field, Model
 
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
-from ..states import job_event
+from ..states import StepStatus, job_event
 
 Builder = Callable[..., str]
 BUILDERS: dict[str, Builder] = {}
@@ -258,6 +258,21 @@ def next_attempt(conn: Any) -> str:
     """The number of a run's next attempt of a step, computed by the ``INSERT`` that adds it."""
     return (
         f"(SELECT COALESCE(MAX(attempt), 0) + 1 FROM {table(conn, WorkflowStep)} WHERE run_id = %s AND step_name = %s)"
+    )
+
+
+@builds("hold_steps")
+def hold_steps(conn: Any) -> str:
+    """Set ``held`` of a run's attempts: on its scheduled one while the run is paused, on none otherwise.
+
+    Only rows whose flag changes are written. Placeholders: whether the run is paused, its
+    key, whether it is paused (again).
+    """
+    status, held, run = (column(conn, WorkflowStep, name) for name in ("status", "held", "run"))
+    value = f"({status} = {literal(StepStatus.SCHEDULED)} AND %s)"
+    return (
+        f"UPDATE {table(conn, WorkflowStep)} SET {held} = {value} WHERE {run} = %s "
+        f"AND ({held} OR {status} = {literal(StepStatus.SCHEDULED)}) AND {held} <> {value}"
     )
 
 

@@ -205,14 +205,16 @@ def paired_trickles(runs: int, repeat: int, prepare: Callable[[], Any]) -> tuple
     return plain, prepared
 
 
-def print_paired(heading: str, baseline: tuple[str, Sequence[float]], other: tuple[str, Sequence[float]]) -> None:
-    """A Markdown table of two series of steps/s paired by repetition, and their ratios; each with its median."""
+def print_paired(
+    heading: str, baseline: tuple[str, Sequence[float]], other: tuple[str, Sequence[float]], figure: str = "{:,.0f}"
+) -> None:
+    """A Markdown table of two series (steps/s, or ``figure``'s format) paired by repetition, and their ratios."""
     ratios = paired_ratios(baseline[1], other[1])
     print(f"| {heading} | each repetition | median |")
     print("|---|---|---:|")
     for what, values, shown in (
-        (f"{baseline[0]} (baseline)", baseline[1], "{:,.0f}"),
-        (other[0], other[1], "{:,.0f}"),
+        (f"{baseline[0]} (baseline)", baseline[1], figure),
+        (other[0], other[1], figure),
         ("ratio, paired by repetition", ratios, "{:.2f}"),
     ):
         each = " / ".join(shown.format(value) for value in values)

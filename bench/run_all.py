@@ -9,9 +9,10 @@ started before the dispatchers) with one and two dispatchers and with batching o
 (``bench.trickle``: steps/s while a client starts runs one transaction each, ``start()``'s
 cost and latency, call-to-body latency at idle, dispatcher memory, and the same workloads on
 Procrastinate unless ``--no-peers``); backlog steps/s with 1,000,000 finished runs in the
-tables against empty tables; and the trickle behind 200,000 runs waiting days for their next
-step against one on empty tables (``bench.waiting``, paired). Steps/s are the median of three
-measurements. ``--quick``
+tables against empty tables; the trickle behind 200,000 runs waiting days for their next
+step against one on empty tables (``bench.waiting``, paired); and idle latency behind 20,000
+paused runs whose steps are due against empty tables (``bench.waiting --paused``, paired).
+Steps/s are the median of three measurements. ``--quick``
 shrinks every size (a smoke run, not figures to publish).
 """
 
@@ -27,6 +28,7 @@ from bench.fanout import drain
 from bench.history import compare
 from bench.trickle import Row, machine_row, measure, parse_sizes, print_table, rows
 from bench.waiting import measure as measure_waiting
+from bench.waiting import paired_latency
 
 
 def main() -> None:
@@ -36,6 +38,7 @@ def main() -> None:
     args, sizes = parse_sizes(parser)
     runs, jobs, history = (200, 1000, 20_000) if args.quick else (1000, 10_000, 1_000_000)
     waiting = (20_000, 1) if args.quick else (200_000, 3)  # runs waiting days, repetitions
+    paused = (2_000, 50, 1) if args.quick else (20_000, 200, 3)  # paused runs, latency samples, repetitions
     c = args.concurrency
 
     recreate_database()
@@ -49,6 +52,7 @@ def main() -> None:
         empty, full = compare(history, runs, c)
         memory = rss.measure(sizes.rss_steps)
         plain, behind = measure_waiting(waiting[0], runs, waiting[1])
+        (_, empty_p50, paused_p50), _ = paired_latency(*paused)
     finally:
         drop_database()
     table: list[Row] = [
@@ -75,6 +79,12 @@ def main() -> None:
             f"trickle steps/s, 1 dispatcher of 4, behind {waiting[0]:,} runs waiting days ({runs:,} runs)",
             f"{statistics.median(behind):,.0f}",
             f"{statistics.median(behind) / tps:.2f} ({paired_median(plain, behind):.2f} of empty, paired)",
+            "",
+        ),
+        (
+            f"idle latency p50, ms, behind {paused[0]:,} paused runs whose steps are due",
+            f"{statistics.median(paused_p50):.2f}",
+            f"{paired_median(empty_p50, paused_p50):.2f} of empty, paired",
             "",
         ),
         *rows(tps, sizes, ours, peer, memory),

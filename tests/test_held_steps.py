@@ -120,11 +120,13 @@ def test_a_claim_reads_no_more_behind_twenty_thousand_paused_runs_whose_steps_ar
     WorkflowRun.objects.filter(status="ready").exclude(pk=first.record.pk).update(
         status="paused", paused_reason="incident"
     )
-    WorkflowStep.objects.filter(run__status="paused").update(held=True)
+    # Due an hour ago: ahead of ``first``'s step in the due order, where a claim meets them first.
+    WorkflowStep.objects.filter(run__status="paused").update(held=True, scheduled_at=clock.now() - timedelta(hours=1))
     vacuum(WorkflowStep)
     behind_them = pages_read(claim, "AS step_key")
-
-    assert behind_them - alone <= MORE_PAGES, (alone, behind_them)
+    # 40 against 60 here: the claim's own writes reach indexes grown a level deeper. Before
+    # ``held``, the claim read each paused run's step and its run first: 107,744 pages.
+    assert behind_them - alone <= 3 * MORE_PAGES, (alone, behind_them)
     (claimed,) = claim()[0]
     assert claimed.run_id == first.record.pk
     steps, ahead = claim()

@@ -5,11 +5,12 @@ database itself, so an index a migration lost (as the first 0002 lost
 ``pgbus_wf_one_active_step_per_run``) fails here.
 """
 
+import importlib
 import uuid
 
 import pytest
 from django.apps import apps
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 
 from pgbus_workflows import schema
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -57,6 +58,23 @@ def test_the_comparison_sees_an_index_on_other_columns():
         with connection.schema_editor(atomic=False) as editor:
             assert schema.restore_declared(editor, MODELS) == ["pgbus_wf_step_due"]
     assert schema.differences(connection, MODELS) == []
+
+
+def test_the_due_index_swap_runs_both_ways_and_picks_up_where_a_failed_run_stopped():
+    swap = importlib.import_module("pgbus_workflows.migrations.0011_held_steps")
+    with connection.schema_editor(atomic=False) as editor:
+        schema.replace_index(editor, WorkflowStep, swap.NEW, swap.OLD)  # migrating back to 0010
+    assert [str(d) for d in schema.differences(connection, MODELS)] == [
+        "pgbus_workflows_workflowstep.pgbus_wf_step_due: index columns differ: (priority, scheduled_at, id)"
+    ]
+    interim = models.Index(fields=swap.NEW.fields, condition=swap.NEW.condition, name="pgbus_wf_step_due_next")
+    with connection.schema_editor(atomic=False) as editor:
+        schema.create_index(editor, WorkflowStep, interim)  # a run that stopped once it had built the new one
+        schema.replace_index(editor, WorkflowStep, swap.OLD, swap.NEW)
+    assert schema.differences(connection, MODELS) == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_class WHERE relname = 'pgbus_wf_step_due_next'")
+        assert cursor.fetchone() == (0,)
 
 
 def test_a_step_inserted_by_code_older_than_held_is_not_held():

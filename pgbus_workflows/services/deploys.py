@@ -123,9 +123,8 @@ def release_stray_holds(now: datetime, failures: RowFailures | None = None) -> i
 
 def _release_hold(step_pk: int, run_pk: int, now: datetime) -> bool:
     with locked_step(run_pk, step_pk, now=now, skip_locked=True) as (ledger, step):
-        if ledger.run.status == RunStatus.PAUSED or step is None or step.status != StepStatus.SCHEDULED:
-            return False
-        if not step.held:
+        run = ledger.run
+        if run.status == RunStatus.PAUSED or step is None or step.status != StepStatus.SCHEDULED or not step.held:
             return False
         ledger.release_hold(step)
         return True

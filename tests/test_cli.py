@@ -10,7 +10,7 @@ the queries use in ``test_cli_plans.py``.
 import getpass
 import json
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from io import StringIO
 
 import pytest
@@ -301,9 +301,13 @@ def test_cancel_rerun_skip_and_run_now_move_the_run_and_record_who_and_why():
     assert (skipped.actor, skipped.reason, skipped.details["skipped"]) == (SHELL_ACTOR, "not needed", "flaky")
 
     later = due_later()
+    due_at = WorkflowStep.objects.get(run_id=later.record.pk, status="scheduled").scheduled_at
     cli("run-now", wid(later))
     step = WorkflowStep.objects.get(run_id=later.record.pk, status="scheduled")
-    assert step.scheduled_at <= timezone.now()
+    # Due now by the database's clock as the engine reads it (``clock.now()``, anchored by a
+    # round trip): within a few milliseconds of this process's clock, and never the wait's end.
+    assert step.scheduled_at <= timezone.now() + timedelta(milliseconds=100)
+    assert step.scheduled_at < due_at - timedelta(seconds=1)
     assert events_of(later, "run_now")[-1].actor == SHELL_ACTOR
 
 

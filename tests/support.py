@@ -10,6 +10,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -134,6 +135,10 @@ def new_events(wf: Workflow, before: tuple[Any, ...]) -> list[WorkflowEvent]:
 # -- the admin ------------------------------------------------------------------------------------
 
 #: Every view permission of the app's models.
+#: How far the engine's clock (the database's, read through ``clock.now()``: a reading
+#: anchored by a round trip) may run ahead of this process's own when a test compares them.
+CLOCK_SLACK = timedelta(milliseconds=100)
+
 VIEW = ("view_workflowrun", "view_workflowstep", "view_workflowevent", "view_workflowsignal", "view_dispatcher")
 
 

@@ -14,7 +14,7 @@ from pgbus_workflows import InvalidTransition, NotPaused, StepNotDefined, Workfl
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
-from tests.support import record, snapshot, steps_of
+from tests.support import CLOCK_SLACK, record, snapshot, steps_of
 from tests.testapp.models import Order, SideEffect
 
 pytestmark = pytest.mark.django_db
@@ -281,7 +281,7 @@ def test_resume_after_a_failed_step_schedules_a_fresh_attempt_now(order):
     old, fresh = steps_of(wf)
     assert (old.pk, old.status) == (failed.pk, "failed")
     assert (fresh.step_name, fresh.attempt, fresh.status) == ("boom", 2, "scheduled")
-    assert fresh.scheduled_at <= timezone.now()
+    assert fresh.scheduled_at <= timezone.now() + CLOCK_SLACK
     (event,) = events_after(wf, before)
     assert_transition_event(
         event,
@@ -312,7 +312,7 @@ def test_resume_after_a_body_pause_runs_the_step_again_now(order):
     assert wf.status == "ready"
     fresh = steps_of(wf)[-1]
     assert (fresh.step_name, fresh.attempt, fresh.status) == ("check", 2, "scheduled")
-    assert fresh.scheduled_at <= timezone.now()
+    assert fresh.scheduled_at <= timezone.now() + CLOCK_SLACK
     run_due_step()
     run_due_step()
     assert wf.reload().status == "finished"
@@ -377,7 +377,7 @@ def test_resume_at_cancels_the_active_attempt_and_schedules_that_step_now(order)
     old, new = steps_of(wf)
     assert (old.pk, old.status, old.outcome) == (scheduled.pk, "cancelled", "cancelled")
     assert (new.step_name, new.status, new.attempt) == ("done", "scheduled", 1)
-    assert new.scheduled_at <= timezone.now()
+    assert new.scheduled_at <= timezone.now() + CLOCK_SLACK
     (event,) = events_after(wf, before)
     assert_transition_event(
         event,
@@ -591,7 +591,7 @@ def test_run_now_pulls_a_wait_forward(order):
     assert wf.status == "ready"
     (row,) = steps_of(wf)
     assert (row.pk, row.status) == (scheduled.pk, "scheduled")
-    assert row.scheduled_at <= timezone.now() < scheduled.scheduled_at
+    assert row.scheduled_at <= timezone.now() + CLOCK_SLACK < scheduled.scheduled_at
     (event,) = events_after(wf, before)
     assert (event.kind, event.actor, event.reason, event.step_id) == (
         "run_now",
@@ -646,7 +646,7 @@ def test_skip_on_a_ready_run_skips_the_step_and_schedules_the_next(order):
     skipped, following = steps_of(wf)
     assert (skipped.pk, skipped.status, skipped.outcome) == (scheduled.pk, "skipped", "skipped")
     assert (following.step_name, following.status) == ("done", "scheduled")
-    assert following.scheduled_at <= timezone.now()
+    assert following.scheduled_at <= timezone.now() + CLOCK_SLACK
     (event,) = events_after(wf, before)
     assert_transition_event(
         event,

@@ -68,6 +68,7 @@ from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.waiting import expire_due_waits
 from pgbus_workflows.states import ACTIVE_STEP, ONGOING_RUN, RUN_TRANSITIONS, TERMINAL_RUN
 from pgbus_workflows.sweep import Sweeper
+from tests.support import CLOCK_SLACK
 from tests.testapp.models import Order, SideEffect
 
 # -- the workflows ---------------------------------------------------------------------------------
@@ -571,7 +572,8 @@ class WorkflowMachine(RuleBasedStateMachine):
         elif verb == "cancel":
             assert run.status == "cancelled" and after is None
         elif verb == "resume_at":
-            assert run.status == "ready" and after.step_name == step_name and after.scheduled_at <= timezone.now()
+            assert run.status == "ready" and after.step_name == step_name
+            assert after.scheduled_at <= timezone.now() + CLOCK_SLACK
         elif verb == "rerun":
             new = result.reload().record
             assert new.workflow_id != run.workflow_id and new.status == "ready" and new.rerun_of == run.workflow_id
@@ -591,10 +593,10 @@ class WorkflowMachine(RuleBasedStateMachine):
                 )
             else:
                 assert run.status == "ready" and after.step_name == last.step_name
-                assert after.scheduled_at <= timezone.now()
+                assert after.scheduled_at <= timezone.now() + CLOCK_SLACK
         elif verb == "run_now":
             assert after is not None and after.pk == active.pk and after.status == "scheduled"
-            assert after.scheduled_at <= timezone.now()
+            assert after.scheduled_at <= timezone.now() + CLOCK_SLACK
             if active.status == "waiting":
                 assert after.timed_out
         elif verb == "skip":

@@ -8,10 +8,12 @@ under the run's lock by every unit of work that begins or ends with the run paus
 (``RunLedger.flush``); the state machine test checks it after every verb.
 """
 
+import json
 import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from pgbus_workflows import InvalidTransition, clock
@@ -19,6 +21,7 @@ from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step, perform_step, run_due_steps
+from pgbus_workflows.sql.statements import INDEX_PLANS
 from pgbus_workflows.states import ACTIVE_STEP
 from pgbus_workflows.sweep import Sweeper
 from tests.test_claim_ranges import MORE_PAGES, pages_read, vacuum
@@ -149,6 +152,24 @@ def test_the_sweep_releases_a_hold_that_code_older_than_the_flag_left_on_a_resum
     assert (event.actor, event.step.step_name) == ("system", "a")
     assert claimed_names() == ["a"]
     assert Sweeper().run(clock.now())["stray_holds"] == 0
+
+
+def test_a_claim_of_code_older_than_held_still_reads_the_due_index():
+    # A rolling deploy: a dispatcher still on the code before 0011 reads each priority's due
+    # range without ``held``. The new index serves it by its priority (a slower range, sorted),
+    # never by reading the steps table.
+    NoOp3.start_many([{} for _ in range(50)])
+    older = (
+        "SELECT s.id FROM pgbus_workflows_workflowstep s WHERE s.priority = 0 AND s.status = 'scheduled' "
+        "AND s.scheduled_at <= now() ORDER BY s.scheduled_at, s.id LIMIT 5 FOR UPDATE OF s SKIP LOCKED"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT {INDEX_PLANS}")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + older)
+        plan = json.dumps(cursor.fetchone()[0])
+        cursor.execute(older)
+        assert len(cursor.fetchall()) == 5
+    assert '"Index Name": "pgbus_wf_step_due"' in plan and "Seq Scan" not in plan, plan
 
 
 def test_pauses_and_resumes_racing_a_draining_worker_leave_every_run_finished_and_nothing_held():

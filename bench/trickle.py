@@ -266,8 +266,8 @@ def rows(tps: float, sizes: Sizes, ours: Ours, peer: Peer | None, memory: rss.Me
             pairs = ours.paired[dispatchers, concurrency]
             ratio = statistics.median(pairs)
             goal = (
-                f"≥ the first: {ratio:.2f}x, median of {len(pairs)} paired ratios ({described(pairs)}) "
-                f"({no_slower(pairs)})"
+                f"≥ the first: {ratio:.2f}x, median of {len(pairs)} paired ratio{'s' * (len(pairs) != 1)} "
+                f"({described(pairs)}) ({no_slower(pairs)})"
             )
         table.append((f"{name} ({sizes.runs:,} runs)", f"{rate:,.0f}", f"{rate / tps:.2f}", goal))
     peer_name = (

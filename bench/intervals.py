@@ -4,8 +4,8 @@ A benchmark that compares two configurations on this machine pairs their measure
 minute apart and takes the median of the ratios (``bench.common.paired_ratios``). Two
 configurations that do the same work on the same saturated cores come out above 1 in about
 half of the runs, so "median ≥ 1" alone cannot tell "no slower" from "slower by a little";
-this interval says which of the two a run has shown. No module here touches a database, so
-the tests may import it.
+this interval says which of the two a run has shown. This module imports no database code (as
+``bench.common`` does, pointing ``DATABASE_URL`` at the bench database), so tests may import it.
 """
 
 from __future__ import annotations

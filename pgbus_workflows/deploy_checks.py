@@ -3,7 +3,10 @@
 Without ``--database`` only the class check runs (no query). With it, the checks compare the
 rows with this process's code and say, with counts and what to do: ongoing runs on classes
 or steps the code does not define, runs parked on gravestones, pending signals that no step
-of their class waits for, and queues with due steps that no live dispatcher serves.
+of their class waits for, queues with due steps that no live dispatcher serves, and functions
+bearing the name of ``start()``'s that the tables' owner does not own. On a database without
+the app's tables (a fresh one: ``migrate`` runs these checks before it makes them) there are
+no rows to compare, and they say nothing.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Info, Tags, register
 from django.core.checks import Warning as CheckWarning
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.db.models import Count
 
 from . import clock
 from .conf import settings
 from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSchedule, WorkflowSignal, WorkflowStep
 from .registry import registry
+from .sql import functions
 from .states import ACTIVE_STEP, ONGOING_RUN, RunStatus, StepStatus
 
 
@@ -45,7 +49,16 @@ def check_rows_against_code(app_configs: Any = None, databases: Any = None, **kw
     if not databases or "default" not in databases:
         return []
     try:
-        return [*_unknown_runs(), *_gravestones(), *_unknown_signals(), *_unserved_queues(), *_unknown_schedules()]
+        if WorkflowRun._meta.db_table not in connections["default"].introspection.table_names():
+            return []  # a fresh database, `migrate` about to make the tables: no rows yet, nothing to compare
+        return [
+            *_unknown_runs(),
+            *_gravestones(),
+            *_unknown_signals(),
+            *_unserved_queues(),
+            *_unknown_schedules(),
+            *_foreign_start_functions(),
+        ]
     except DatabaseError as error:  # unreachable or not migrated: say so, do not crash `check`
         return [
             CheckWarning(
@@ -175,4 +188,18 @@ def _unknown_schedules() -> list[CheckMessage]:
             id="pgbus_workflows.W010",
         )
         for klass, n in rows
+    ]
+
+
+def _foreign_start_functions() -> list[CheckMessage]:
+    """Functions bearing the name of ``start()``'s that the tables' owner does not own: never called, maybe planted."""
+    return [
+        CheckWarning(
+            f"The function {function} bears the name of start()'s functions, but the runs table's owner does not "
+            "own it: start() never calls it.",
+            hint="A role that may create objects in its schema could have planted it: drop it (DROP FUNCTION) and "
+            "revoke CREATE on that schema from PUBLIC.",
+            id="pgbus_workflows.W011",
+        )
+        for function in functions.foreign()
     ]

@@ -157,10 +157,10 @@ def insert_run(run: Model, step: Model, event: Model, notify: tuple[str, str]) -
 def _start_row(cursor: Any, db: Any, params: list[Any]) -> Any:
     """Run ``start()``'s statement, or its function, as :func:`.sql.functions.start_path` says; its row (or None)."""
     raw = db.connection
-    how, probe = ("statement", False) if sql.prepares(raw) else functions.start_path(raw)
-    if how == "call":
+    function, probe = (None, False) if sql.prepares(raw) else functions.start_path(raw)
+    if function is not None:
         try:
-            cursor.execute(sql.statement("start_call"), params)
+            cursor.execute(sql.statement("start_call", function), params)
         except ProgrammingError as error:
             if not isinstance(error.__cause__, psycopg.errors.UndefinedFunction | psycopg.errors.InsufficientPrivilege):
                 raise
@@ -172,10 +172,10 @@ def _start_row(cursor: Any, db: Any, params: list[Any]) -> Any:
     if not probe:
         cursor.execute(sql.statement("start_run"), params)
         return cursor.fetchone()
-    cursor.execute(sql.statement("start_run", True), [*params, functions.function_name(db)])
+    cursor.execute(sql.statement("start_run", True), [*params, *functions.probe_params(db)])
     row = cursor.fetchone()
     if row is not None:  # a refused start says nothing: the next one asks again
-        functions.found(raw, bool(row[3]))
+        functions.found(raw, row[3])
     return row
 
 

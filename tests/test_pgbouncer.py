@@ -193,6 +193,6 @@ def test_web_threads_call_start_s_function_behind_the_pool(pgbouncer):
     for thread in threads:
         thread.join(timeout=60)
     assert not errors, errors
-    calls = [q for q in queries.captured_queries if q["sql"].startswith(f"SELECT * FROM {functions.PREFIX}")]
+    calls = [q for q in queries.captured_queries if q["sql"].startswith(f"SELECT * FROM public.{functions.PREFIX}")]
     assert len(calls) == 15
     assert WorkflowStep.objects.filter(run_id__in=started, status="scheduled").count() == len(started) == 7 * 20

@@ -84,6 +84,8 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         "claim_steps": (True, 2, True),
         "due_jobs": (True, True),
         "look_ahead": (True,),
+        "start_function": ("public.pgbus_wf_start_run_sample",),
+        "start_call": ("public.pgbus_wf_start_run_sample",),
     }
     for name in BUILDERS:
         text = sql.statement(name, *samples.get(name, ()))

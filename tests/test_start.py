@@ -168,7 +168,7 @@ def test_outside_a_transaction_start_is_one_statement(key):
         wf = StartTwoSteps.start(order, idempotency_key=key)
     assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]
     text = queries.captured_queries[0]["sql"]  # the statement, or from a connection's Nth start its function
-    assert "pg_notify" in text or text.startswith(f"SELECT * FROM {functions.PREFIX}"), text
+    assert "pg_notify" in text or (text.startswith("SELECT * FROM ") and functions.PREFIX in text), text
     assert _counts() == (1, 1, 1)
     assert WorkflowStep.objects.get().run_id == wf.record.pk == WorkflowEvent.objects.get().run_id
     assert WorkflowEvent.objects.get().kind == "started"

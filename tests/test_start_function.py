@@ -69,7 +69,7 @@ def _sent(queries):
 
 
 def _how(text):
-    if text.startswith(f"SELECT * FROM {functions.PREFIX}"):
+    if text.startswith(f"SELECT * FROM public.{functions.PREFIX}"):  # schema-qualified: the runs table's schema
         return "call"
     assert text.startswith("WITH r AS"), text
     return "probe" if "to_regproc" in text else "statement"
@@ -79,7 +79,7 @@ def _how(text):
 def test_migrate_installs_the_function_this_code_calls():
     """The test database was made by ``migrate``: its post_migrate made the function of these models."""
     name = functions.function_name(connection)
-    assert functions.installed_name() == name
+    assert functions.installed_name() == f"public.{name}"  # in the runs table's schema
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT l.lanname, pg_get_function_result(p.oid) FROM pg_proc p "
@@ -192,8 +192,8 @@ def test_a_function_dropped_under_a_connection_costs_one_start_in_a_transaction_
         _fresh_connection()
         _starts(functions.THRESHOLD)  # this one asked and found none: statements
         functions.install()
-        assert functions.installed_name() == name
-        functions.found(connection.connection, True)  # as its next probe would say
+        assert functions.installed_name() == f"public.{name}"
+        functions.found(connection.connection, f"public.{name}")  # as its next probe would say
         with connection.cursor() as cursor:
             cursor.execute(f"DROP FUNCTION {name}")
         with pytest.raises(ProgrammingError, match="does not exist"):
@@ -203,7 +203,7 @@ def test_a_function_dropped_under_a_connection_costs_one_start_in_a_transaction_
         assert _how(texts[0]) == "statement"
     finally:
         functions.install()
-    assert functions.installed_name() == name
+    assert functions.installed_name() == f"public.{name}"
 
 
 @pytest.mark.django_db

@@ -208,12 +208,25 @@ def start_run(conn: Any, probe: bool = False) -> str:
     NOTHING``: when a unique index refuses the run (an ongoing run of the subject, a taken
     idempotency key) nothing is written and no row comes back, with no error, so the caller's
     transaction needs no savepoint. One statement: outside a transaction it is one round trip.
-    ``probe``: the row also says whether a function, named by a last placeholder, exists and
-    this role may call it: how ``sql.functions`` learns that its function is installed, in no
-    round trip of its own.
+    ``probe``: the row also names (``schema.name``) the function ``start()`` may call, or is
+    NULL: how ``sql.functions`` learns that its function is installed, in no round trip of its
+    own. Two more placeholders: the function's signature (``name(types)``) and the quoted runs
+    table. Only a function of that signature in the runs table's schema, owned by the runs
+    table's owner, that this role may execute, is named: never one found by its name on the
+    search path, which any role that may create objects in a schema on it could have planted.
     """
-    probed = ", COALESCE(has_function_privilege(to_regproc(%s), 'EXECUTE'), false)" if probe else ""
+    probed = f", ({_TRUSTED_FUNCTION})" if probe else ""
     return f"{start_run_rows(conn)}, pg_notify(%s, %s){probed} FROM r, s"
+
+
+#: :func:`start_run`'s probe: the start function ``start()`` may call, by its signature (a placeholder),
+#: in the schema of the runs table (a placeholder), owned by that table's owner.
+_TRUSTED_FUNCTION = (
+    "SELECT quote_ident(n.nspname) || '.' || quote_ident(p.proname) FROM pg_class c "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "JOIN pg_proc p ON p.oid = to_regprocedure(quote_ident(n.nspname) || '.' || %s) "
+    "WHERE c.oid = to_regclass(%s) AND p.proowner = c.relowner AND has_function_privilege(p.oid, 'EXECUTE')"
+)
 
 
 def start_run_rows(conn: Any) -> str:

@@ -6,7 +6,10 @@ resume, fire now), each behind its permission (``WorkflowSchedule.Meta.permissio
 asking for a reason, and calling the same verbs user code calls (``services.schedules``)
 with the admin user's username as ``actor``; its audit trail and a link to its runs.
 Schedules added here are stored by ``Cls.add_schedule``; declared ones belong to the code:
-they are read only and cannot be deleted here.
+they are read only and cannot be deleted here. A schedule starts runs with the arguments it
+holds, so adding one needs the permission to start runs too (``add_workflowrun``), and firing
+a ``cancel_previous`` schedule by hand needs the permission to cancel runs (``cancel_workflowrun``).
+A schedule whose last tick failed shows a "failing" badge, and its page says why.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .admin_views import change_url, changelist_url, status_badge
 from .exceptions import ConfigurationError, PayloadNotSerializable, PayloadTooLarge, WorkflowError
 from .models import WorkflowSchedule
 from .registry import registry
-from .schedules import Schedule
+from .schedules import MAX_EVERY, Schedule
 from .services import schedules as verbs
 
 #: verb -> (the permission it needs, its button, what the message says it did).
@@ -66,6 +69,11 @@ PAGE_FIELDS: tuple[str, ...] = (
     "catchup",
 )
 PAGE_FIELDS += ("jitter", "state", "next_fire", "last_fired_at", "last_run_link", "runs_link", "declared", "created_at")
+PAGE_FIELDS += ("last_error", "last_error_at")
+#: Adding a schedule lets its arguments start runs on a clock: the same permission as starting runs.
+START_PERMISSION = "pgbus_workflows.add_workflowrun"
+#: Firing a ``cancel_previous`` schedule by hand cancels its ongoing runs.
+CANCEL_PERMISSION = "pgbus_workflows.cancel_workflowrun"
 #: How many lines of a schedule's audit trail its page shows.
 EVENTS_SHOWN = 50
 
@@ -81,8 +89,12 @@ class ScheduleReasonForm(ReasonForm):
 class AddScheduleForm(forms.ModelForm):
     """A schedule added at run time: the options of ``Schedule``, checked as ``Schedule`` checks them."""
 
-    every_seconds = forms.IntegerField(label=_("Every (seconds)"), required=False, min_value=1)
-    jitter_seconds = forms.IntegerField(label=_("Jitter (seconds)"), required=False, min_value=0)
+    every_seconds = forms.IntegerField(
+        label=_("Every (seconds)"), required=False, min_value=1, max_value=int(MAX_EVERY.total_seconds())
+    )
+    jitter_seconds = forms.IntegerField(
+        label=_("Jitter (seconds)"), required=False, min_value=0, max_value=int(MAX_EVERY.total_seconds())
+    )
 
     class Meta:
         model = WorkflowSchedule
@@ -149,6 +161,10 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
             return ()
         return [f.name for f in self.opts.fields] + list(self.readonly_fields)
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Adding a schedule, and starting runs (:data:`START_PERMISSION`): its ticks start runs."""
+        return super().has_add_permission(request) and bool(request.user.has_perm(START_PERMISSION))
+
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # a schedule changes through its verbs (or its declaration), never through a form
 
@@ -210,6 +226,8 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
     def state(self, schedule: WorkflowSchedule) -> SafeString:
         if not registry.is_registered(schedule.workflow_class):
             return status_badge("cancelled", _("class not registered"))
+        if schedule.last_error:
+            return status_badge("failed", _("failing"))
         if not schedule.enabled:
             return status_badge("paused", _("disabled"))
         return status_badge("paused", _("paused")) if schedule.paused else status_badge("ready", _("active"))
@@ -228,9 +246,15 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         return bool(request.user.has_perm("pgbus_workflows.fire_workflowschedule"))
 
     def may_operate(self, request: HttpRequest, verb: str, schedule: WorkflowSchedule | None = None) -> bool:
-        """The verb's permission, and the view permission (the buttons and the forms ask this)."""
+        """The verb's permission, and the view permission (the buttons and the forms ask this).
+
+        Fire now on a ``cancel_previous`` schedule cancels its ongoing runs: it needs
+        :data:`CANCEL_PERMISSION` too.
+        """
         permission = SCHEDULE_OPERATIONS[verb][0]
         allowed = getattr(self, f"has_{permission}_permission")(request, schedule)
+        if verb == "fire_now" and cancels(schedule):
+            allowed = allowed and request.user.has_perm(CANCEL_PERMISSION)
         return bool(allowed) and self.has_view_permission(request, schedule)
 
     def get_urls(self) -> list[URLPattern]:
@@ -302,3 +326,8 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         }
         request.current_app = site
         return TemplateResponse(request, "admin/pgbus_workflows/workflowschedule/operation.html", context)
+
+
+def cancels(schedule: WorkflowSchedule | None) -> bool:
+    """Whether firing ``schedule`` by hand may cancel runs (its overlap is ``cancel_previous``)."""
+    return schedule is not None and schedule.overlap == "cancel_previous"

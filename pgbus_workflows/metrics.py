@@ -16,7 +16,9 @@ What one process did, counted in it from the Django signals of ``signals.py`` on
 them with prometheus_client's own HTTP server):
 
 - ``pgbus_workflows_attempts_total{workflow_class, step, outcome}``: attempts this process ended;
-- ``pgbus_workflows_step_duration_seconds{workflow_class, step}``: their durations, claim to end.
+- ``pgbus_workflows_step_duration_seconds{workflow_class, step}``: their durations, claim to end;
+- ``pgbus_workflows_schedule_failures_total``: schedule ticks that could not start their run (which
+  schedules fail: their ``last_error``, and the schedule admin's "failing" badge).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ ATTEMPTS = Counter(
     "pgbus_workflows_attempts",
     "Step attempts this process ended, by class, step and outcome.",
     ["workflow_class", "step", "outcome"],
+)
+# No labels: the series exists (at 0) from the start, so an alert on its rate() needs no first failure.
+SCHEDULE_FAILURES = Counter(
+    "pgbus_workflows_schedule_failures", "Schedule ticks this process could not start a run for."
 )
 STEP_DURATION = Histogram(
     "pgbus_workflows_step_duration_seconds",
@@ -143,12 +149,18 @@ def _step_finished(sender: str, step_name: str, outcome: str, duration: float | 
         STEP_DURATION.labels(sender, step_name).observe(duration)
 
 
+def _schedule_failed(sender: str, **_: Any) -> None:
+    """Count a schedule tick that failed (``signals.schedule_failed``)."""
+    SCHEDULE_FAILURES.inc()
+
+
 def install() -> None:
     """Count the attempts this process ends (``pgbus_workflows_attempts_total`` and durations).
 
     Connects a receiver to ``signals.step_finished``; calling it again changes nothing.
     """
     signals.step_finished.connect(_step_finished, dispatch_uid="pgbus_workflows.metrics")
+    signals.schedule_failed.connect(_schedule_failed, dispatch_uid="pgbus_workflows.metrics.schedules")
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:  # noqa: S104 - a scrape target listens for its scraper

@@ -49,6 +49,9 @@ class WorkflowSchedule(models.Model):
         related_name="+",
         verbose_name=_("last run"),
     )
+    #: Why the schedule's last tick (or its sync from code) failed; cleared when a tick starts its run.
+    last_error = models.TextField(_("last error"), blank=True, default="", db_default="")
+    last_error_at = models.DateTimeField(_("last error at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=now)
     updated_at = models.DateTimeField(_("updated at"), default=now)
 
@@ -113,7 +116,11 @@ class ScheduleEvent(models.Model):
         verbose_name = _("schedule event")
         verbose_name_plural = _("schedule events")
         ordering = ("id",)
-        indexes = [models.Index(fields=["schedule", "id"], name="pgbus_wf_schedule_event")]
+        indexes = [
+            models.Index(fields=["schedule", "id"], name="pgbus_wf_schedule_event"),
+            # Serves the sweep's retention of the audit trail (oldest first).
+            models.Index(fields=["created_at"], name="pgbus_wf_schedule_event_age"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} by {self.actor or 'system'}"

@@ -129,10 +129,20 @@ class ScheduleLeader:
         logger.info("Schedules: %s leads", self.name)
 
     def _sync_if_new(self) -> None:
-        """A new leader first makes the rows match its code's declared schedules (again, after a failure)."""
+        """A new leader first makes the rows match its code's declared schedules (again, after a failure).
+
+        A sync that fails (but for the database being away) is logged and tried again next
+        round, and the schedules already stored fire meanwhile: a bad declaration never stops them.
+        """
         if self._synced:
             return
-        counts = sync_declared()
+        try:
+            counts = sync_declared()
+        except DB_ERRORS:
+            raise
+        except Exception:
+            logger.exception("Schedules: syncing the declared schedules failed; firing the stored ones")
+            return
         self._synced = True
         logger.info("Schedules: declared schedules synced (%s)", ", ".join(f"{k} {v}" for k, v in counts.items()))
 

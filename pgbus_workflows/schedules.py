@@ -14,6 +14,7 @@ Intervals (``every=``) count from the Unix epoch in UTC, so every 15 minutes mea
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
+from django.core.serializers.json import DjangoJSONEncoder
 
 from .definitions import MAX_NAME_LENGTH, coerce_duration
 from .exceptions import ConfigurationError
@@ -29,6 +31,8 @@ OVERLAP_POLICIES = ("skip", "allow", "cancel_previous")
 CATCHUP_POLICIES = ("latest", "all", "none")
 #: The shortest interval: the leader fires within about a second, so a shorter one cannot be kept.
 MIN_EVERY = timedelta(seconds=1)
+#: The longest interval (and jitter): longer ones would put ticks past what a datetime holds.
+MAX_EVERY = timedelta(days=3660)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The longest time zone name the table stores.
 MAX_TIMEZONE_LENGTH = 64
@@ -68,6 +72,8 @@ def check_every(value: Any) -> timedelta:
     every = coerce_duration(value, "every")
     if every < MIN_EVERY:
         raise ConfigurationError(f"every must be at least {MIN_EVERY.total_seconds():g} second, got {value!r}")
+    if every > MAX_EVERY:
+        raise ConfigurationError(f"every must be at most {MAX_EVERY.days} days, got {value!r}")
     if every % timedelta(seconds=1):
         raise ConfigurationError(f"every must be a whole number of seconds, got {value!r}")
     return every
@@ -82,6 +88,8 @@ def check_policies(overlap: Any, catchup: Any, jitter: Any) -> timedelta | None:
     if jitter is None:
         return None
     duration = coerce_duration(jitter, "jitter")
+    if duration > MAX_EVERY:
+        raise ConfigurationError(f"jitter must be at most {MAX_EVERY.days} days, got {jitter!r}")
     return duration or None
 
 
@@ -175,7 +183,23 @@ def declared_schedules(cls: type) -> tuple[Schedule, ...]:
     for name in names:
         if names.count(name) > 1:
             raise ConfigurationError(f"{cls.__qualname__}.schedules has two schedules named {name!r}: give one a name=")
+    if declared and cls.__dict__.get("abstract", False):
+        raise ConfigurationError(f"{cls.__qualname__} is abstract: declare its schedules on a subclass")
+    for schedule in declared:
+        check_arguments(schedule.arguments, f"{cls.__qualname__}.schedules {schedule.name!r}")
     return tuple(declared)
+
+
+def check_arguments(arguments: Any, what: str) -> None:
+    """:class:`ConfigurationError` unless ``arguments`` can be stored as JSON, as a run's arguments are.
+
+    Checked when the class is defined, so a declaration the leader could never store or start
+    fails at import time rather than on every sync.
+    """
+    try:
+        json.dumps(arguments, cls=DjangoJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise ConfigurationError(f"{what}: arguments must be JSON-serialisable (DjangoJSONEncoder): {error}") from None
 
 
 def next_tick(cron: str, every: timedelta | None, timezone: str, after: datetime) -> datetime:

@@ -9,6 +9,7 @@ Every receiver gets ``sender`` (the workflow class name) and keyword arguments:
 - ``signal_received``, ``wait_timed_out``: ``workflow_id`` and the signal or step names
 - ``workflow_gauge``: ``statuses`` and ``stuck`` (lists of counts), sent by the sweep
 - ``sweep_finished``: ``summary`` (a dict of counts per sweep phase)
+- ``schedule_failed``: ``schedule`` (its name) and ``error_class``: a schedule's tick could not start its run
 """
 
 from django.dispatch import Signal
@@ -20,3 +21,4 @@ signal_received = Signal()
 wait_timed_out = Signal()
 workflow_gauge = Signal()
 sweep_finished = Signal()
+schedule_failed = Signal()

@@ -52,6 +52,7 @@ from .services.claims import stall
 from .services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
 from .services.fanout import recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
+from .services.schedules import delete_expired_schedule_events
 from .services.waiting import expire_due_waits
 from .session import TransactionLock
 from .sql.counting import bounded_pair_counts, distinct_values, planner_estimate
@@ -260,6 +261,7 @@ class Sweeper:
         ]
         if cleanup:
             phases.append(("cleanup", partial(delete_expired_runs, max_batches=CLEANUP_BATCHES)))
+            phases.append(("schedule_events", partial(delete_expired_schedule_events, max_batches=CLEANUP_BATCHES)))
         phases.append(("gauge", emit_gauge))
         return phases
 

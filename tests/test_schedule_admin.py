@@ -141,7 +141,7 @@ def add_form(**values: Any) -> dict[str, Any]:
 def test_adding_a_schedule_in_the_admin_goes_through_add_schedule_and_bad_input_is_a_form_error(
     client, django_user_model
 ):
-    login(client, django_user_model, *VIEW, "add_workflowschedule")
+    login(client, django_user_model, *VIEW, "add_workflowschedule", "add_workflowrun")
     add = reverse("admin:pgbus_workflows_workflowschedule_add")
 
     bad = client.post(add, add_form(cron="0 25 * * *"))

@@ -70,14 +70,14 @@ def test_a_changed_declaration_updates_its_row_and_a_removed_one_is_deleted(monk
     changed = Schedule(cron="0 3 1 1 *", timezone="America/New_York", name="cron 0 3 1 1 *")
     monkeypatch.setattr(YearlyReport, "schedules", [changed])
 
-    assert schedule_verbs.sync_declared(T0) == {"created": 0, "changed": 1, "deleted": 1}
+    assert schedule_verbs.sync_declared(T0) == {"created": 0, "changed": 1, "deleted": 1, "failed": 0}
 
     row.refresh_from_db()
     assert (row.timezone, row.arguments, row.paused) == ("America/New_York", {}, True)  # the operator's pause stays
     assert row.next_fire_at == datetime(2027, 1, 1, 8, 0, tzinfo=UTC)
     assert events(row, "changed")[0].details == {"changed": ["arguments", "timezone"]}
     assert not WorkflowSchedule.objects.filter(name="leap").exists()
-    assert schedule_verbs.sync_declared(T0) == {"created": 0, "changed": 0, "deleted": 0}
+    assert schedule_verbs.sync_declared(T0) == {"created": 0, "changed": 0, "deleted": 0, "failed": 0}
 
 
 def test_bad_declarations_fail_when_the_class_is_defined():
@@ -114,6 +114,8 @@ def test_bad_declarations_fail_when_the_class_is_defined():
         ({"every": 60, "catchup": "some"}, "Unknown catchup 'some'"),
         ({"every": 60, "jitter": -1}, "jitter must not be negative"),
         ({"every": 60, "arguments": [1]}, "arguments must be a dict"),
+        ({"every": timedelta(days=3661)}, "every must be at most 3660 days"),
+        ({"every": 60, "jitter": timedelta(days=3661)}, "jitter must be at most 3660 days"),
     ],
 )
 def test_a_bad_schedule_is_a_configuration_error_and_adds_nothing(options, message):

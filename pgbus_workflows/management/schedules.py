@@ -18,7 +18,7 @@ from django.contrib.admin.sites import AdminSite, all_sites, site
 from django.core.management.base import CommandError, CommandParser
 from django.db.models import QuerySet
 
-from ..admin_schedules import SCHEDULE_OPERATIONS, WorkflowScheduleAdmin
+from ..admin_schedules import CANCEL_PERMISSION, SCHEDULE_OPERATIONS, WorkflowScheduleAdmin, cancels
 from ..exceptions import WorkflowError
 from ..models import WorkflowSchedule
 from ..registry import registry
@@ -40,6 +40,10 @@ SCHEDULE_COLUMNS = [
     ("next_fire_at", "next fire"),
     ("last_fired_at", "last fired"),
 ]
+
+
+#: An id longer than this is no schedule's (a bigint has at most 19 digits).
+MAX_ID_DIGITS = 18
 
 
 class ScheduleNotFound(Exception):
@@ -75,7 +79,9 @@ def add_schedule_commands(commands: _SubParsersAction, output: CommandParser, ac
 
 def find_schedule(schedules: QuerySet[WorkflowSchedule], text: str) -> WorkflowSchedule:
     """The schedule named ``text`` (its id, or ``CLASS:NAME``) among ``schedules``."""
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²".isdigit() too, and int() refuses it
+        if len(text) > MAX_ID_DIGITS:
+            raise ScheduleNotFound(f"there is no schedule {text}")
         found = schedules.filter(pk=int(text)).first()
     elif ":" in text:
         klass, name = text.split(":", 1)
@@ -168,6 +174,8 @@ class ScheduleCommands:
         if self.model_admin is not None and not self.model_admin.may_operate(self.operator.request, verb, schedule):
             permission = SCHEDULE_OPERATIONS[verb][0]
             needs = f"the permission pgbus_workflows.{permission}_workflowschedule and the view permission on it"
+            if verb == "fire_now" and cancels(schedule):
+                needs += f", and {CANCEL_PERMISSION} (its overlap cancels the previous run)"
             message = f"{self.operator.who} may not {ACTS[verb]} (it needs {needs})"
             return ScheduleResult(label, verb, ok=False, message=message, error_class="PermissionDenied")
         try:

@@ -17,6 +17,12 @@ recorded as a ``ticks_missed`` schedule event.
 Overlap (the schedule's previous run still ongoing when a tick fires): ``"skip"`` records a
 ``tick_skipped`` event and starts nothing, ``"allow"`` starts the run anyway,
 ``"cancel_previous"`` cancels the ongoing runs (operator ``cancel``, actor ``scheduler``) first.
+Firing never waits for a run's lock: when another transaction holds a previous run (an
+``atomic=True`` body, an operator), the tick is left due and fired at a later round, so one
+busy run never holds up the other schedules.
+
+A tick that fails (its run cannot start) is recorded on the schedule (``last_error``, a
+``tick_failed`` event, the ``schedule_failed`` signal) and passed; the other schedules fire on.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Min
 
-from .. import clock
+from .. import clock, signals
 from ..models import ScheduleEvent, WorkflowRun, WorkflowSchedule
 from ..registry import registry
 from ..schedules import jitter_offset, latest_tick, next_tick
 from ..states import ScheduleEventKind
 from . import operator
+from .payload import storable_text
 from .start import start_run
 
 if TYPE_CHECKING:
@@ -50,6 +57,16 @@ MAX_TICKS_PER_ROUND = 100
 DB_ERRORS = (OperationalError, InterfaceError)
 #: Schedules one :func:`fire_due` call looks at.
 BATCH_SIZE = 500
+#: How soon a schedule whose next tick cannot even be computed (a row written by hand) is tried again.
+RETRY_AFTER = timedelta(seconds=60)
+
+
+#: The columns a fired tick changes (besides the next tick's).
+_FIRED = ["last_fired_at", "last_run", "last_error", "last_error_at", "updated_at"]
+
+
+class RunBusy(Exception):
+    """``cancel_previous``: another transaction holds a previous run, so the tick cannot cancel it now."""
 
 
 def due_schedules(now: datetime) -> Any:
@@ -91,6 +108,9 @@ def fire_schedule(pk: int, now: datetime) -> list[Workflow]:
                 handle = _fire(schedule, now)
         except DB_ERRORS:
             raise  # the database is away: the tick is still due, and fires when it is back
+        except RunBusy as busy:  # rolled back: the tick stays due and fires at a later round
+            logger.debug("Schedule %s: %s; firing its tick later", pk, busy)  # every round until it is free
+            break
         except Exception as error:
             _record_failure(pk, now, error)
             break
@@ -123,7 +143,7 @@ def _fire(schedule: WorkflowSchedule, now: datetime) -> Workflow | None:
     if schedule.catchup == "none" and late > ON_TIME:
         _event(schedule, ScheduleEventKind.TICKS_MISSED, first=tick, last=tick)
     else:
-        handle = _start_for_tick(schedule, tick, ACTOR)
+        handle = _start_for_tick(schedule, tick, ACTOR, None)
     advance(schedule, next_tick(schedule.cron, schedule.every, schedule.timezone, tick))
     return handle
 
@@ -133,8 +153,12 @@ def _previous(schedule: WorkflowSchedule, tick: datetime) -> datetime:
     return latest_tick(schedule.cron, schedule.every, schedule.timezone, tick - timedelta(microseconds=1))
 
 
-def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str) -> Workflow | None:
-    """Start the tick's run as the overlap policy allows (None: skipped, or the tick already has its run)."""
+def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str, reason: str | None) -> Workflow | None:
+    """Start the tick's run as the overlap policy allows (None: skipped, or the tick already has its run).
+
+    ``cancel_previous`` cancels the ongoing runs as ``actor`` with ``reason`` (default: the
+    tick's); :class:`RunBusy` when another transaction holds one of them (nothing waits).
+    """
     cls = registry.class_for(schedule.workflow_class)
     ongoing = []
     if schedule.overlap != "allow":
@@ -144,10 +168,11 @@ def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str) -> W
         _event(schedule, ScheduleEventKind.TICK_SKIPPED, run=ongoing[-1], scheduled_for=tick, ongoing=runs)
         return None
     if ongoing and schedule.overlap == "cancel_previous":
-        reason = f"schedule {schedule.name!r}: its tick of {tick.isoformat()} cancels the previous run"
+        reason = reason or f"schedule {schedule.name!r}: its tick of {tick.isoformat()} cancels the previous run"
+        _lock_without_waiting(ongoing)
         for run in ongoing:
-            operator.cancel(run.pk, actor=ACTOR, reason=reason)
-            _event(schedule, ScheduleEventKind.PREVIOUS_CANCELLED, run=run, scheduled_for=tick)
+            operator.cancel(run.pk, actor=actor, reason=reason)
+            _event(schedule, ScheduleEventKind.PREVIOUS_CANCELLED, run=run, actor=actor, scheduled_for=tick)
     handle = start_run(
         cls,
         None,
@@ -160,14 +185,31 @@ def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str) -> W
         return None
     schedule.last_fired_at = tick
     schedule.last_run = handle.record
+    schedule.last_error, schedule.last_error_at = "", None  # it works again
     return handle
 
 
-def start_now(schedule: WorkflowSchedule, actor: str) -> Workflow | None:
-    """Start a run of the locked ``schedule`` for this moment, as ``fire now`` does (None: skipped)."""
-    handle = _start_for_tick(schedule, clock.now(), actor)
+def _lock_without_waiting(runs: list[WorkflowRun]) -> None:
+    """Lock ``runs`` (in key order) for their cancellation, or raise :class:`RunBusy` if one is held.
+
+    The run lock is the one ``operator.cancel`` then takes again, in this same transaction.
+    """
+    pks = sorted(run.pk for run in runs)
+    free = WorkflowRun.objects.select_for_update(skip_locked=True).filter(pk__in=pks)
+    locked = set(free.values_list("pk", flat=True))
+    held = [run for run in runs if run.pk not in locked and WorkflowRun.objects.filter(pk=run.pk).exists()]
+    if held:
+        raise RunBusy(f"its previous run {held[0].workflow_id} is held by another transaction")
+
+
+def start_now(schedule: WorkflowSchedule, actor: str, reason: str | None = None) -> Workflow | None:
+    """Start a run of the locked ``schedule`` for this moment, as ``fire now`` does (None: skipped).
+
+    With ``cancel_previous``, ``actor`` cancels the ongoing runs with ``reason``.
+    """
+    handle = _start_for_tick(schedule, clock.now(), actor, reason)
     schedule.updated_at = clock.now()
-    schedule.save(update_fields=["last_fired_at", "last_run", "updated_at"])
+    schedule.save(update_fields=_FIRED)
     return handle
 
 
@@ -185,19 +227,30 @@ def advance(schedule: WorkflowSchedule, tick: datetime) -> None:
     schedule.next_fire_at = tick
     schedule.due_at = tick + jitter_offset(schedule.jitter, _jitter_key(schedule), tick)
     schedule.updated_at = clock.now()
-    schedule.save(update_fields=["next_fire_at", "due_at", "last_fired_at", "last_run", "updated_at"])
+    schedule.save(update_fields=[*_FIRED, "next_fire_at", "due_at"])
 
 
-def _event(schedule: WorkflowSchedule, kind: str, run: WorkflowRun | None = None, **details: datetime | Any) -> None:
+def _event(
+    schedule: WorkflowSchedule,
+    kind: str,
+    run: WorkflowRun | None = None,
+    actor: str = ACTOR,
+    **details: datetime | Any,
+) -> None:
     values = {k: v.isoformat() if isinstance(v, datetime) else v for k, v in details.items()}
-    ScheduleEvent.objects.create(schedule=schedule, kind=kind, actor=ACTOR, run=run, details=values)
+    ScheduleEvent.objects.create(schedule=schedule, kind=kind, actor=actor, run=run, details=values)
 
 
 def _record_failure(pk: int, now: datetime, error: Exception) -> None:
-    """A tick whose run could not start: recorded on the schedule and passed, so it does not fail forever."""
+    """A tick whose run could not start: recorded on the schedule and passed, so it does not fail forever.
+
+    The schedule's ``last_error`` says why (the admin shows it) until a tick starts its run.
+    Without the schedule's lock at once (another firer, an operator) the tick stays due.
+    """
     logger.error("Schedule %s: its tick could not fire (%s: %s)", pk, type(error).__name__, error, exc_info=True)
+    message = storable_text(f"{type(error).__name__}: {error}")[:2000]
     with transaction.atomic():
-        schedule = WorkflowSchedule.objects.select_for_update().filter(pk=pk).first()
+        schedule = WorkflowSchedule.objects.select_for_update(skip_locked=True).filter(pk=pk).first()
         if schedule is None or schedule.next_fire_at is None:
             return
         tick = schedule.next_fire_at
@@ -205,7 +258,17 @@ def _record_failure(pk: int, now: datetime, error: Exception) -> None:
             schedule=schedule,
             kind=ScheduleEventKind.TICK_FAILED,
             actor=ACTOR,
-            reason=f"{type(error).__name__}: {error}"[:2000],
+            reason=message,
             details={"scheduled_for": tick.isoformat()},
         )
-        advance(schedule, next_tick(schedule.cron, schedule.every, schedule.timezone, max(tick, now)))
+        schedule.last_error, schedule.last_error_at = message, now
+        try:
+            advance(schedule, next_tick(schedule.cron, schedule.every, schedule.timezone, max(tick, now)))
+        except Exception:  # an expression the row holds cannot give a next tick: look again later
+            schedule.due_at = now + RETRY_AFTER
+            schedule.save(update_fields=["due_at", "last_error", "last_error_at"])
+    transaction.on_commit(
+        lambda: signals.schedule_failed.send(
+            sender=schedule.workflow_class, schedule=schedule.name, error_class=type(error).__name__
+        )
+    )

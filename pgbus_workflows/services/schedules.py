@@ -12,16 +12,17 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 
 from .. import clock
+from ..conf import settings
 from ..exceptions import ConfigurationError, InvalidTransition
 from ..models import ScheduleEvent, WorkflowSchedule
 from ..registry import registry
 from ..schedules import Schedule, declared_schedules, next_tick
 from ..states import ScheduleEventKind, allowed_schedule_verbs
-from .firing import advance, start_now
-from .payload import encode_payload
+from .firing import RunBusy, advance, start_now
+from .payload import encode_payload, storable_text
 
 if TYPE_CHECKING:
     from ..workflow import Workflow
@@ -29,8 +30,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pgbus_workflows")
 
 DEFAULT_ACTOR = "api"
-#: The columns a declaration sets, and those whose change moves the next tick.
-_TIMING = ("cron", "every", "timezone", "jitter")
+DB_ERRORS = (OperationalError, InterfaceError)
+#: The columns a declaration sets, and those whose change moves the next tick: re-enabling
+#: (``enabled`` False to True) counts from now too, so the disabled period is not caught up.
+_TIMING = ("cron", "every", "timezone", "jitter", "enabled")
 
 
 def _first_tick(schedule: WorkflowSchedule, after: datetime) -> None:
@@ -85,14 +88,29 @@ def sync_declared(now: datetime | None = None) -> dict[str, int]:
     ``now``); a row declared by a registered class that no longer declares it is deleted (its
     runs keep their ``scheduled_for``). Rows of classes this process does not know are left
     alone: another deploy's code may declare them. Operator state (``paused``) is kept.
+    A declaration that cannot be stored is logged, recorded on its row when it has one
+    (``last_error``), and counted as ``failed``: the other schedules sync (and fire) on.
     """
     now = now or clock.now()
-    counts = {"created": 0, "changed": 0, "deleted": 0, "unchanged": 0}
+    counts = {"created": 0, "changed": 0, "deleted": 0, "failed": 0, "unchanged": 0}
     rows = {(r.workflow_class, r.name): r for r in WorkflowSchedule.objects.filter(declared=True)}
     for cls in registry.classes():
-        for schedule in declared_schedules(cls):
+        try:
+            declared = declared_schedules(cls)
+        except ConfigurationError as error:  # changed since the class was defined: its rows stay as they are
+            kept = [rows.pop(key) for key in [key for key in rows if key[0] == cls.name]]
+            _sync_failed(cls, None, kept, now, error)
+            counts["failed"] += 1
+            continue
+        for schedule in declared:
             row = rows.pop((cls.name, schedule.name), None)
-            counts[_sync_one(cls, schedule, row, now)] += 1
+            try:
+                counts[_sync_one(cls, schedule, row, now)] += 1
+            except DB_ERRORS:
+                raise  # the database is away: the next leader round syncs again
+            except Exception as error:
+                _sync_failed(cls, schedule, [row] if row else [], now, error)
+                counts["failed"] += 1
     known = {cls.name for cls in registry.classes()}
     for (klass, name), row in rows.items():
         if klass in known:
@@ -104,6 +122,7 @@ def sync_declared(now: datetime | None = None) -> dict[str, int]:
 
 
 def _sync_one(cls: type[Workflow], schedule: Schedule, row: WorkflowSchedule | None, now: datetime) -> str:
+    _check_arguments(cls, schedule)  # what JSON alone allows and the database refuses (a NUL, the size)
     values = schedule.row_values()
     if row is None:
         row = WorkflowSchedule(workflow_class=cls.name, name=schedule.name, declared=True, created_at=now, **values)
@@ -137,6 +156,16 @@ def _sync_one(cls: type[Workflow], schedule: Schedule, row: WorkflowSchedule | N
     return "changed"
 
 
+def _sync_failed(
+    cls: type[Workflow], schedule: Schedule | None, rows: list[WorkflowSchedule], now: datetime, error: Exception
+) -> None:
+    """A declaration (or a class's ``schedules``) the sync could not store: logged, and said on its rows."""
+    what = f"Schedule {schedule.name!r} declared by {cls.name}" if schedule else f"The schedules of {cls.name}"
+    logger.error("%s could not be synced: %s", what, error, exc_info=True)
+    message = storable_text(f"{type(error).__name__}: {error}")[:2000]
+    WorkflowSchedule.objects.filter(pk__in=[row.pk for row in rows]).update(last_error=message, last_error_at=now)
+
+
 def pause(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowSchedule:
     """Stop the schedule's ticks until resumed (a running run goes on)."""
     with transaction.atomic():
@@ -164,11 +193,16 @@ def fire_now(pk: int, *, actor: str | None = None, reason: str | None = None) ->
     """Start a run of the schedule now (``scheduled_for`` = now), as its overlap policy allows.
 
     Its next tick stays as it was. With ``overlap="skip"`` and a run still ongoing, raises
-    :class:`InvalidTransition` and starts nothing.
+    :class:`InvalidTransition` and starts nothing. With ``overlap="cancel_previous"`` the
+    ongoing runs are cancelled by ``actor`` with ``reason``; :class:`InvalidTransition` when
+    another transaction holds one of them (nothing waits for it).
     """
     with transaction.atomic():
         schedule = _admit(pk, "fire_now")
-        handle = start_now(schedule, actor or DEFAULT_ACTOR)
+        try:
+            handle = start_now(schedule, actor or DEFAULT_ACTOR, reason)
+        except RunBusy as busy:
+            raise InvalidTransition(f"Cannot fire {schedule} now: {busy}; try again in a moment") from None
         if handle is None:
             last = schedule.runs.order_by("-pk").first()
             raise InvalidTransition(
@@ -177,6 +211,28 @@ def fire_now(pk: int, *, actor: str | None = None, reason: str | None = None) ->
             )
         _event(schedule, ScheduleEventKind.FIRED_NOW, actor or DEFAULT_ACTOR, reason, run=handle.record)
     return handle
+
+
+def delete_expired_schedule_events(now: datetime, batch_size: int = 500, max_batches: int | None = None) -> int:
+    """Delete schedule events older than ``RETENTION`` (the sweep's ``schedule_events`` phase), oldest first.
+
+    Each batch of ``batch_size`` is its own short transaction; at most ``max_batches`` batches
+    (None: until none is left), so one sweep is bounded. Returns how many were deleted.
+    """
+    retention = settings.RETENTION
+    if retention is None:
+        return 0
+    expired = ScheduleEvent.objects.filter(created_at__lt=now - retention).order_by("created_at", "pk")
+    deleted = batches = 0
+    while max_batches is None or batches < max_batches:
+        batches += 1
+        with transaction.atomic():
+            ids = list(expired.values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                break
+            ScheduleEvent.objects.filter(pk__in=ids).delete()
+        deleted += len(ids)
+    return deleted
 
 
 def verbs(schedule: WorkflowSchedule) -> frozenset[str]:

@@ -1,4 +1,8 @@
-"""System checks: valid ``PGBUS_WORKFLOWS`` settings, a supported database, one dispatcher on SQLite."""
+"""System checks: valid ``PGBUS_WORKFLOWS`` settings, a supported database, one dispatcher on SQLite.
+
+With ``--database default``, also the pending fan-out jobs whose function this code cannot
+import (the other checks of rows against code are in ``deploy_checks``).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,15 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
-from django.db import connections
+from django.db import DatabaseError, connections
+from django.db.models import Count
 
 from . import clock
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration, settings
-from .models import Dispatcher
+from .exceptions import ConfigurationError
+from .jobs import resolve_job
+from .models import Dispatcher, FanOutJob, JobStatus
+from .services.children import CHILD_PREFIX
 
 _POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE", "MAX_CHILD_DEPTH")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
@@ -93,6 +101,40 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
             id="pgbus_workflows.W001",
         )
     ]
+
+
+@register(Tags.database)
+def check_job_functions(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Pending fan-out jobs whose function this code cannot import (``check --database default``)."""
+    if not databases or "default" not in databases:
+        return []
+    try:
+        if FanOutJob._meta.db_table not in connections["default"].introspection.table_names():
+            return []  # a fresh database: no jobs yet
+        pending = (
+            FanOutJob.objects.filter(status=JobStatus.PENDING)
+            .exclude(function__startswith=CHILD_PREFIX)  # a child run, not a function
+            .values_list("function")
+            .annotate(n=Count("pk"))
+        )
+        counts = sorted(pending.order_by())
+    except DatabaseError:
+        return []  # check_rows_against_code (deploy_checks) says the database cannot be read, and why
+    messages: list[CheckMessage] = []
+    for path, count in counts:
+        try:
+            resolve_job(path)
+        except ConfigurationError as error:
+            messages.append(
+                CheckWarning(
+                    f"{count} pending fan-out job(s) of function {path!r}, which this code cannot run: {error}.",
+                    hint="Deploy the code that defines it, or keep the function importable under that path until "
+                    "its jobs have run: dispatchers leave such jobs pending for UNKNOWN_STEP_GRACE, then claim "
+                    "them and they fail.",
+                    id="pgbus_workflows.W012",
+                )
+            )
+    return messages
 
 
 def _sqlite_file_missing(alias: str) -> bool:

@@ -34,8 +34,8 @@ from .deploy import catalog
 from .migrated import require_migrated
 from .models import Dispatcher, FanOutJob, WorkflowStep
 from .scheduler import ScheduleLeader
+from .services import fanout, fanout_recovery
 from .services.claims import claim_and_look_ahead, stall
-from .services.fanout import claim_due_jobs, recover_jobs
 from .session import connection_params, probe_listen
 from .states import StepStatus
 from .sweep import Sweeper
@@ -244,7 +244,7 @@ class WorkflowDispatcher:
         try:
             if abandoned:
                 self._stall_own("shutdown_timeout")
-                recover_jobs(clock.now(), dead=[self.name])
+                fanout_recovery.recover_jobs(clock.now(), dead=[self.name])
             Dispatcher.objects.filter(name=self.name).delete()
             if self._announced:
                 announce(self.name)  # a follower may now be the first of the group
@@ -315,7 +315,7 @@ class WorkflowDispatcher:
         self.pool.hand_out(steps, verify=True)
         jobs: list[FanOutJob] = []
         if free > len(steps) and ahead.jobs_due:
-            jobs = claim_due_jobs(free - len(steps), self.queues, self.name)
+            jobs = fanout.claim_due_jobs(free - len(steps), self.queues, self.name)
             self.pool.hand_out(jobs, verify=True)
         self.wakeups.claimed(len(steps) + len(jobs))
         if len(steps) + len(jobs) == free:

@@ -82,7 +82,8 @@ class DatabaseCollector:
             runs.add_metric([row["workflow_class"], row["status"]], row["count"])
         stuck = GaugeMetricFamily(
             "pgbus_workflows_stuck_runs",
-            "Workflow runs by class and stuck reason (stalled, overdue, waiting_overdue, paused_on_error).",
+            "Workflow runs by class and stuck reason "
+            "(stalled, overdue, waiting_overdue, paused_on_error, fan_out_unresolved).",
             labels=["workflow_class", "reason"],
         )
         for row in payload["stuck"]:

@@ -17,8 +17,8 @@ is logged and retried next time without stopping the others):
   defines pauses its run with ``StepNotDefined`` recorded (``services.deploys``).
 - ``stray_holds``: a scheduled attempt held (``WorkflowStep.held``) although its run is no
   longer paused (resumed by code older than the flag) is released (``services.deploys``).
-- ``lost_fan_outs``: a fan-out still waiting although all its jobs ended more than
-  ``STALL_THRESHOLD`` ago is resolved as the last job would have resolved it.
+- ``lost_fan_outs``: a fan-out still waiting although all its jobs ended (its dispatcher died
+  between the last job's end and the resolution) is resolved as the last job would have.
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
   runs older than ``RETENTION`` are deleted in batches of 500, at most ten batches a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
@@ -50,7 +50,7 @@ from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .registry import registry
 from .services.claims import stall
 from .services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
-from .services.fanout import recover_jobs, resolve_lost_fan_outs
+from .services.fanout_recovery import ended_fan_outs, recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
 from .services.schedules import delete_expired_schedule_events
 from .services.waiting import expire_due_waits
@@ -67,7 +67,7 @@ CLEANUP_BATCHES = 10
 #: Advisory lock key held while a dispatcher sweeps ("pgbus" in ASCII): a transaction-level
 #: lock on a connection of its own (``session.TransactionLock``), right behind PgBouncer too.
 SWEEP_LOCK_KEY = 0x7067627573
-STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error")
+STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error", "fan_out_unresolved")
 #: Up to this many runs of one class in one status the gauge counts exactly; above, it
 #: reports the planner's estimate (the dashboard says "about").
 GAUGE_EXACT_UP_TO = 10_000
@@ -191,6 +191,8 @@ def stuck_querysets(now: datetime, classes: Sequence[str] | None = None) -> dict
         "paused_on_error": runs.filter(status=RunStatus.PAUSED)
         .annotate(last_step_status=Subquery(steps.order_by("-pk").values("status")[:1]))
         .filter(last_step_status=StepStatus.FAILED),
+        # Jobs all ended, the resolution not yet written (the next sweep pass writes it).
+        "fan_out_unresolved": runs.filter(Exists(ended_fan_outs().filter(run_id=OuterRef("pk")))),
     }
 
 

@@ -147,6 +147,7 @@ def test_every_list_filter_search_and_page_is_served_by_indexes(admin_client, hi
         changelist("workflowrun", "?status=paused&workflow_class=fails_first"),
         *(changelist("workflowrun", f"?stuck={r}") for r in ("stalled", "overdue", "waiting_overdue")),
         changelist("workflowrun", "?stuck=paused_on_error"),
+        changelist("workflowrun", "?stuck=fan_out_unresolved"),
         changelist("workflowrun", f"?q={prefix}"),
         changelist("workflowrun", f"?q={paused.workflow_id}"),
         changelist("workflowrun", "?q=h77"),

@@ -24,7 +24,7 @@ from pgbus_workflows import (
 from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.exceptions import ConfigurationError, StepWaiting
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.services.fanout import resolve_lost_fan_outs
+from pgbus_workflows.services.fanout_recovery import resolve_lost_fan_outs
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import eventually
 from tests.support import events_of, run_next, statements_sent

@@ -29,10 +29,9 @@ from pgbus_workflows.services.fanout import (
     claim_job,
     execute_job,
     progress,
-    recover_jobs,
     resolve_if_done,
-    resolve_lost_fan_outs,
 )
+from pgbus_workflows.services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
 from pgbus_workflows.sweep import Sweeper
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import events_of, kinds, run_next
@@ -884,21 +883,20 @@ def test_the_sweep_resolves_a_fan_out_whose_completion_was_lost():
     assert resolve_lost_fan_outs(timezone.now()) == 0, "resolved once"
 
 
-def test_the_sweep_leaves_a_recent_completion_and_a_paused_run_alone():
+def test_the_sweep_resolves_a_completion_lost_a_moment_ago_and_leaves_a_paused_run_alone():
     recent = FanSum.start(count=2)
     recent_step = run_next(recent)
-    lose_completion(recent_step, timedelta(minutes=5))
+    lose_completion(recent_step, timedelta(0))
     paused = FanSum.start(count=2)
     paused_step = run_next(paused)
     lose_completion(paused_step, timedelta(hours=3))
     paused.pause()
 
-    assert resolve_lost_fan_outs(timezone.now()) == 0
+    # No STALL_THRESHOLD wait: the next pass resolves it; the paused one waits for resume().
+    assert resolve_lost_fan_outs(timezone.now()) == 1
 
-    assert recent.reload().status == "waiting" and paused.reload().status == "paused"
-    # Later, the recent one is resolved too; the paused one waits for resume().
-    assert resolve_lost_fan_outs(timezone.now() + wf_settings.STALL_THRESHOLD) == 1
     assert recent.reload().status == "ready" and paused.reload().status == "paused"
+    assert resolve_lost_fan_outs(timezone.now()) == 0
     paused.resume()
     assert (paused.reload().status, paused.current_step) == ("ready", "total")
 

@@ -88,7 +88,8 @@ def test_gauge_counts_statuses_and_stuck_reasons_zero_filled_over_registered_cla
     assert WorkflowStep.objects.get(run=stalled.record, attempt=1).outcome == "stalled"
     classes = {r["workflow_class"] for r in payload["stuck"]}
     assert {"counted", "three_steps", "slow"} <= classes
-    assert {r["reason"] for r in payload["stuck"]} == {"stalled", "overdue", "waiting_overdue", "paused_on_error"}
+    reasons = {"stalled", "overdue", "waiting_overdue", "paused_on_error", "fan_out_unresolved"}
+    assert {r["reason"] for r in payload["stuck"]} == reasons
 
 
 def test_gauge_reports_each_stuck_reason():

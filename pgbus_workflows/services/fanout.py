@@ -3,8 +3,10 @@
 A fan-out step's body returns ``Job`` objects; ``apply_outcome`` inserts them in bulk in the
 transaction that parks the step. Each job is claimed with ``SKIP LOCKED``, runs with its
 own attempts and backoff, and ends succeeded or failed. Whoever finishes a job and finds no
-unfinished job left tries to resolve the step under the run lock; the lock and the re-check
-make exactly one resolution win, and the sweep resolves a fan-out whose completion was lost.
+unfinished job left resolves the step under the run lock, in the transaction that records
+the end when the run's lock is free, else right after its commit; the lock and the re-check
+make exactly one resolution win. The sweep (``fanout_recovery``) resolves at its next pass a
+fan-out whose jobs all ended but whose resolution was lost (its dispatcher died in between).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, F, Max, Q
+from django.db.models import Count
 from django.dispatch import receiver
 
 from .. import clock, rows, sql
@@ -32,10 +34,9 @@ from ..states import RunStatus, StepStatus, job_event
 from . import waiting
 from .body import Chain
 from .children import CHILD_PREFIX
-from .isolation import RowFailures
 from .ledger import RunLedger, workflow_class
 from .lineage import child_ended
-from .locks import locked_step
+from .locks import RunLocked, locked_step
 from .outcome import StepOutcome
 from .payload import encode_payload, storable_text
 from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
@@ -179,7 +180,7 @@ def record_job_ends(ends: Sequence[JobEnd], chain: Chain | None = None) -> list[
     stopped it, so one bad end never costs the others.
     """
     try:
-        statuses, claimed = commit_once(partial(_record, ends, chain))
+        statuses, settled, claimed = commit_once(partial(_record, ends, chain))
     except CONNECTION_ERRORS:
         raise
     except Exception as error:
@@ -192,20 +193,58 @@ def record_job_ends(ends: Sequence[JobEnd], chain: Chain | None = None) -> list[
         return record_job_ends([JobEnd(ends[0].job, error=_formatted(error))], chain)
     if chain is not None:
         chain.next_jobs.extend(claimed)
-    ended = {(end.job.step_id, end.job.run_id) for end, status in zip(ends, statuses, strict=True) if status in _FINAL}
-    for step_pk, run_pk in sorted(ended):
+    for step_pk, run_pk in sorted(_ended(ends, statuses) - settled):
         with_reconnect(partial(resolve_if_done, step_pk, run_pk))
     return statuses
 
 
-def _record(ends: Sequence[JobEnd], chain: Chain | None) -> tuple[list[str], list[FanOutJob]]:
-    """The transaction of :func:`record_job_ends`: the ends, then the claims of the next jobs."""
+def _record(ends: Sequence[JobEnd], chain: Chain | None) -> tuple[list[str], set[tuple[int, int]], list[FanOutJob]]:
+    """The transaction of :func:`record_job_ends`: the ends, the fan-outs they settle, the next jobs' claims."""
     succeeded = _finish_many([end for end in ends if end.error is None])
     statuses = [_fail(end.job, end.error) if end.error is not None else succeeded.get(end.job.pk, "") for end in ends]
+    settled = _settle_in_transaction(_ended(ends, statuses))
     claimed: list[FanOutJob] = []
     if chain is not None and not (chain.stop is not None and chain.stop.is_set()):
         claimed = claim_due_jobs(len(ends), chain.queues, chain.claimed_by)
-    return statuses, claimed
+    return statuses, settled, claimed
+
+
+def _ended(ends: Sequence[JobEnd], statuses: Sequence[str]) -> set[tuple[int, int]]:
+    """``(step pk, run pk)`` of the fan-outs a job of ``ends`` ended in (succeeded or failed)."""
+    return {(end.job.step_id, end.job.run_id) for end, status in zip(ends, statuses, strict=True) if status in _FINAL}
+
+
+def _settle_in_transaction(ended: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Resolve, in the transaction of the jobs' ends, each fan-out of ``ended`` with no job left.
+
+    So a dispatcher dying after the commit leaves no fan-out to resolve. Returns the fan-outs
+    settled here (resolved, or found with nothing to resolve under their run lock). The others
+    are resolved after the commit: a run another transaction holds is not waited for (this
+    transaction holds job rows its holder may be about to write), a job ending at the same
+    time in another transaction still looks unfinished here, and an error here is rolled back
+    to a savepoint and met again after the commit, as it was before.
+    """
+    settled: set[tuple[int, int]] = set()
+    for step_pk, run_pk in sorted(ended):
+        if unfinished(step_pk):
+            continue
+        try:
+            with locked_step(run_pk, step_pk, skip_locked=True) as (ledger, step):
+                if step is not None:
+                    resolve_in_ledger(ledger, step)
+        except RunLocked:
+            continue
+        except CONNECTION_ERRORS:
+            raise
+        except WorkflowRun.DoesNotExist:
+            pass  # deleted meanwhile: nothing is left to resolve
+        except Exception:
+            logger.exception(
+                "Resolving fan-out step %s with its last job's end failed; trying after the commit", step_pk
+            )
+            continue
+        settled.add((step_pk, run_pk))
+    return settled
 
 
 _FINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED)
@@ -216,7 +255,9 @@ def _finish_many(ends: list[JobEnd]) -> dict[int, str]:
     if not ends:
         return {}
     if not sql.postgresql() or len(ends) == 1:
-        return {e.job.pk: JobStatus.SUCCEEDED for e in ends if _finish(e.job, JobStatus.SUCCEEDED, result=e.result)}
+        return {
+            e.job.pk: JobStatus.SUCCEEDED for e in ends if finish_attempt(e.job, JobStatus.SUCCEEDED, result=e.result)
+        }
     result_field = FanOutJob._meta.get_field("result")
     results = [result_field.get_db_prep_save(end.result, connection) for end in ends]
     with sql.pipeline() as cursor:
@@ -225,7 +266,7 @@ def _finish_many(ends: list[JobEnd]) -> dict[int, str]:
         return {pk: JobStatus.SUCCEEDED for (pk,) in cursor.fetchall()}
 
 
-def _finish(job: FanOutJob, status: str, **fields: Any) -> bool:
+def finish_attempt(job: FanOutJob, status: str, **fields: Any) -> bool:
     """Record the end of a running attempt; False when it was cancelled or put back meanwhile."""
     source, target = job_event("succeed" if status == JobStatus.SUCCEEDED else "fail")
     updated = FanOutJob.objects.filter(pk=job.pk, status=source, attempts=job.attempts).update(
@@ -243,7 +284,7 @@ def _fail(job: FanOutJob, error: str) -> str:
             backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
         except Exception as failure:  # the backoff callable raised: no retry, the job fails with both errors
             error += f"\nThe backoff of {job.step.step_name} raised, so the job is not retried:\n{_formatted(failure)}"
-            return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
+            return JobStatus.FAILED if finish_attempt(job, JobStatus.FAILED, error=error) else ""
         # Only a fan-out that still waits wants the retry: not one cancelled or skipped meanwhile.
         source, target = job_event("retry")
         retried = FanOutJob.objects.filter(
@@ -251,7 +292,7 @@ def _fail(job: FanOutJob, error: str) -> str:
         ).update(status=target, error=error, scheduled_at=clock.now() + backoff, stall_at=None)
         if retried:
             return JobStatus.PENDING
-    return JobStatus.FAILED if _finish(job, JobStatus.FAILED, error=error) else ""
+    return JobStatus.FAILED if finish_attempt(job, JobStatus.FAILED, error=error) else ""
 
 
 def unfinished(step_pk: int) -> bool:
@@ -328,71 +369,3 @@ def results(run: WorkflowRun, step_name: str) -> Iterator[Any]:
     if step is None:
         return iter(())
     return FanOutJob.objects.filter(step_id=step.pk).order_by("index").values_list("result", flat=True).iterator()
-
-
-def recover_jobs(now: datetime, dead: list[str] | None = None, failures: RowFailures | None = None) -> int:
-    """Put back running jobs past their ``stall_at`` (or of dead dispatchers) to run again.
-
-    Each job on its own (``failures``): one that cannot be put back is passed over.
-    """
-    failures = failures or RowFailures()
-    running = FanOutJob.objects.filter(status=JobStatus.RUNNING).exclude(pk__in=failures.passed_over("stalled_jobs"))
-    running = running.filter(claimed_by__in=dead) if dead is not None else running.filter(stall_at__lt=now)
-    recovered = 0
-    for job in running.select_related("step", "run").order_by("pk")[:BATCH_SIZE]:
-        recovered += failures.act("stalled_jobs", job.pk, job.run_id, partial(_recover_job, job, dead is not None))
-    return recovered
-
-
-def _recover_job(job: FanOutJob, dead: bool) -> bool:
-    """Put a stalled job back (the claim is not an attempt: it may never have started).
-
-    After ``MAX_STALLS`` stalls (a job that takes its dispatcher down every time), or once
-    its fan-out no longer waits, it fails instead.
-    """
-    why = "its dispatcher died" if dead else f"it ran past its stall_at {job.stall_at}"
-    error = f"Job {job.function} #{job.index} attempt {job.attempts} stalled: {why}"
-    limit = settings.MAX_STALLS
-    if limit is None or job.stalls < limit:
-        source, target = job_event("put_back")
-        put_back = FanOutJob.objects.filter(
-            pk=job.pk, status=source, attempts=job.attempts, step__status=StepStatus.WAITING
-        ).update(
-            status=target,
-            attempts=F("attempts") - 1,
-            stalls=F("stalls") + 1,
-            error=error,
-            scheduled_at=clock.now(),
-            stall_at=None,
-        )
-        if put_back:
-            return True
-    else:
-        error += f" ({job.stalls + 1} stalls: MAX_STALLS is {limit})"
-    if _finish(job, JobStatus.FAILED, error=error):
-        resolve_if_done(job.step_id, job.run_id, skip_locked=True)
-    return True
-
-
-def resolve_lost_fan_outs(now: datetime, failures: RowFailures | None = None) -> int:
-    """The sweep phase: waiting fan-outs whose jobs all ended over ``STALL_THRESHOLD`` ago, resolved."""
-    failures = failures or RowFailures()
-    cutoff = now - settings.STALL_THRESHOLD
-    steps = (
-        WorkflowStep.objects.filter(
-            status=StepStatus.WAITING, fan_out_total__isnull=False, run__status=RunStatus.WAITING
-        )
-        .exclude(pk__in=failures.passed_over("lost_fan_outs"))
-        .annotate(
-            open_jobs=Count("jobs", filter=Q(jobs__status__in=UNFINISHED_JOB)),
-            last_end=Max("jobs__finished_at"),
-        )
-        .filter(open_jobs=0)
-        .filter(Q(last_end__lt=cutoff) | Q(last_end__isnull=True, waiting_since__lt=cutoff))
-        .order_by("pk")
-        .values_list("pk", "run_id")[:BATCH_SIZE]
-    )
-    return sum(
-        failures.act("lost_fan_outs", step_pk, run_pk, partial(resolve_if_done, step_pk, run_pk, skip_locked=True))
-        for step_pk, run_pk in steps
-    )

@@ -40,7 +40,9 @@ class RunFamily:
 
         The result is the output of the run's last completed step (what ``self.finished(result)``
         passed, when a step finished the run that way). Raises :class:`WorkflowCancelled` for a
-        cancelled run and ``TimeoutError`` when ``timeout`` (seconds or a ``timedelta``) passes first.
+        cancelled run and ``TimeoutError`` when ``timeout`` (seconds or a ``timedelta``) passes first,
+        even while another transaction holds the run's row. A ``timeout`` that is not a finite
+        duration >= 0 (NaN, infinity, negative, a bool) raises ``ValueError``; None waits for ever.
         """
         from .services.lineage import run_result  # deferred: this module loads before the app registry
         from .services.results import wait_for_end  # deferred: this module loads before the app registry

@@ -275,7 +275,10 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         """Signal the ongoing run of this class about ``subject`` (a webhook knows the order, not the run).
 
         With no ongoing run, ``missing="raise"`` raises :class:`NotOngoing` and
-        ``missing="ignore"`` returns None. A subject-less run is signalled through its handle.
+        ``missing="ignore"`` returns None. With several ongoing runs for the subject (a class with
+        ``allow_multiple``) it raises ``ValueError`` and signals none, whatever ``missing`` says:
+        which one was meant is unknown, so each is signalled through its handle. A subject-less
+        run is signalled through its handle.
         """
         from .exceptions import NotOngoing  # deferred: this module loads before the app registry
         from .models import WorkflowRun  # deferred: this module loads before the app registry

@@ -347,6 +347,12 @@ def bound_transaction(conn: Any) -> str:
     )
 
 
+@builds("lock_timeout")
+def lock_timeout(conn: Any) -> str:
+    """Bound every later wait for a lock in this session (PostgreSQL; a parameter such as ``'900ms'``)."""
+    return "SELECT set_config('lock_timeout', %s, false)"
+
+
 @builds("constraints_immediate")
 def constraints_immediate(conn: Any) -> str:
     """Check the deferred constraints now (PostgreSQL)."""

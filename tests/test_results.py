@@ -1,0 +1,85 @@
+"""``wf.result(timeout=)``: the timeout bounds every wait, and only a finite duration >= 0 (or None) is one.
+
+A real second connection holds the run's row lock (as an ``atomic=True`` body or an operator's
+open transaction does): ``result(timeout=1)`` must still give up within about a second.
+"""
+
+import math
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from pgbus_workflows import session
+from pgbus_workflows.models import WorkflowRun
+from tests.support import run_next
+from tests.testapp.child_workflows import Waiter
+from tests.threads import Worker
+
+#: The holder lets go after this long whatever happens, so a waiter that ignores its timeout
+#: makes the test fail (too slow) instead of hanging.
+HOLD_AT_MOST = 8.0
+
+
+def hold_run_lock(run: WorkflowRun) -> psycopg.Connection:
+    """A connection of its own, in a transaction that holds ``run``'s row lock until it ends."""
+    holder = psycopg.connect(**session.connection_params())
+    holder.execute(f"SELECT 1 FROM {WorkflowRun._meta.db_table} WHERE id = %s FOR UPDATE", [run.pk])
+    return holder
+
+
+@pytest.mark.django_db(transaction=True)
+def test_result_times_out_while_another_transaction_holds_the_run():
+    wf = Waiter.start(n=1)
+    holder = hold_run_lock(wf.record)
+    release = threading.Timer(HOLD_AT_MOST, holder.rollback)
+    release.start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not end in time"):
+            wf.result(timeout=1)
+        elapsed = time.monotonic() - began
+    finally:
+        release.cancel()
+        holder.rollback()
+        holder.close()
+    assert 0.9 <= elapsed < 3, elapsed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_released_within_the_timeout_lets_the_waiter_see_the_end():
+    wf = Waiter.start(n=1)
+    run_next(wf)  # parks, waiting for "go"
+    holder = hold_run_lock(wf.record)
+    waiter = Worker(lambda: Waiter.find(wf.workflow_id).result(timeout=30))
+    waiter.start()
+    time.sleep(0.3)  # the waiter is now queued behind the holder (not a condition: either order must work)
+    holder.rollback()
+    holder.close()
+    wf.signal("go", "through")
+    run_next(wf)
+    assert waiter.finish() == "through"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "timeout",
+    [math.nan, math.inf, -math.inf, -1, -0.5, timedelta(seconds=-1), True, False, "5", [1]],
+    ids=repr,
+)
+def test_a_timeout_that_is_no_finite_duration_of_zero_or_more_is_refused(timeout):
+    wf = Waiter.start(n=1)
+    with pytest.raises(ValueError, match="timeout must be"):
+        wf.result(timeout=timeout)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("timeout", [0, 0.0, timedelta(0), timedelta(milliseconds=100)], ids=repr)
+def test_a_zero_or_small_timeout_raises_timeout_error_at_once(timeout):
+    wf = Waiter.start(n=1)
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        wf.result(timeout=timeout)
+    assert time.monotonic() - began < 2

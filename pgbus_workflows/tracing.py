@@ -1,8 +1,10 @@
 """OpenTelemetry traces (the ``pgbus-workflows[otel]`` extra): a span per step attempt, in its caller's trace.
 
-``start()`` and ``start_many()`` save the trace context of the span current at the call (what
-the globally configured propagator injects: W3C ``traceparent``, ``tracestate``, baggage) on
-the run row, ``trace_context``. The dispatcher restores it around each attempt, so the
+``start()`` and ``start_many()`` save the trace context of the span current at the call on the
+run row, ``trace_context``: its W3C ``traceparent``, and its ``tracestate`` when that is at most
+:data:`MAX_TRACESTATE` characters (whole entries are dropped from the end to fit). Baggage and
+whatever else the global propagator carries are not kept: they are the caller's, unbounded, and a
+run's attempts need only their parent span. The dispatcher restores it around each attempt, so the
 attempt's span is a child of the span that started the run, and the spans a body makes are
 children of the attempt's.
 
@@ -18,8 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 try:
     from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
+    from opentelemetry import trace
     from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    #: Injects and extracts the W3C trace context only, whatever the global propagator adds.
+    _w3c = TraceContextTextMapPropagator()
 
     #: A proxy until a provider is set, then that provider's tracer (getting one costs more than a span).
     _tracer = trace.get_tracer("pgbus_workflows")
@@ -36,6 +42,9 @@ T = TypeVar("T")
 NO_OUTCOME = "none"
 #: Outcomes that mark the attempt's span as an error.
 ERROR_OUTCOMES = frozenset({"error", "stall"})
+
+#: The longest ``tracestate`` kept on a run (the W3C limit every vendor must propagate).
+MAX_TRACESTATE = 512
 
 #: The last context injected and its carrier: ``start_many()`` injects once for all its runs.
 _last: tuple[Any, dict[str, str]] | None = None
@@ -56,9 +65,23 @@ def carrier() -> dict[str, str] | None:
     if last is not None and last[0] is current:
         return last[1]
     injected: dict[str, str] = {}
-    propagate.inject(injected, context=current)
-    _last = (current, injected)
-    return injected or None
+    _w3c.inject(injected, context=current)
+    kept = {"traceparent": injected["traceparent"]} if "traceparent" in injected else {}
+    state = _bounded_tracestate(injected.get("tracestate", ""))
+    if state:
+        kept["tracestate"] = state
+    _last = (current, kept)
+    return kept or None
+
+
+def _bounded_tracestate(state: str) -> str:
+    """``state`` cut to at most :data:`MAX_TRACESTATE` characters by dropping whole entries from its end."""
+    kept: list[str] = []
+    for entry in state.split(","):
+        if len(",".join([*kept, entry])) > MAX_TRACESTATE:
+            break
+        kept.append(entry)
+    return ",".join(kept)
 
 
 def traced_attempt(step: WorkflowStep, perform: Callable[[], T]) -> T:
@@ -73,7 +96,7 @@ def traced_attempt(step: WorkflowStep, perform: Callable[[], T]) -> T:
     if trace is None or isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
         return perform()
     run = step.run
-    parent = propagate.extract(run.trace_context) if run.trace_context else None
+    parent = _w3c.extract(run.trace_context) if run.trace_context else None
     attributes: dict[str, str | int] = {
         "pgbus_workflows.workflow_class": run.workflow_class,
         "pgbus_workflows.workflow_id": str(run.workflow_id),

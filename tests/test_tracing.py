@@ -192,6 +192,42 @@ class AttemptSpanTests(WorkflowTestMixin, TestCase):
         [span] = attempt_spans()
         self.assertEqual(span.parent.span_id, context.span_id)
 
+    def test_baggage_is_not_stored_only_the_w3c_trace_context(self):
+        from opentelemetry import baggage, context
+
+        # Several entries, each under the W3C propagator's 4,096-byte limit of one entry: about 8 KB in all.
+        bagged = context.get_current()
+        for n in range(4):
+            bagged = baggage.set_baggage(f"user.profile{n}", "x" * 1900, context=bagged)
+        token = context.attach(bagged)
+        try:
+            with TRACER.start_as_current_span("request") as caller:
+                wf = Counted.start()
+        finally:
+            context.detach(token)
+        span = caller.get_span_context()
+        saved = WorkflowRun.objects.get(pk=wf.record.pk).trace_context
+        self.assertEqual(saved, {"traceparent": f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"})
+        self.perform_next_step(wf)
+        [attempt] = attempt_spans()
+        self.assertEqual(attempt.parent.span_id, span.span_id)
+
+    def test_tracestate_is_kept_up_to_512_characters_in_whole_entries(self):
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+        def started_under(state):
+            parent = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1), trace_state=state)
+            with trace.use_span(NonRecordingSpan(parent)):
+                wf = Counted.start()
+            return WorkflowRun.objects.get(pk=wf.record.pk).trace_context
+
+        short = TraceState([("vendor", "abc")])
+        self.assertEqual(started_under(short)["tracestate"], "vendor=abc")
+        long = TraceState([(f"v{i:02d}", "y" * 40) for i in range(30)])  # 30 entries of 44 characters
+        kept = started_under(long)["tracestate"]
+        self.assertLessEqual(len(kept), tracing.MAX_TRACESTATE)
+        self.assertEqual(kept, ",".join(f"v{i:02d}={'y' * 40}" for i in range(11)))  # 11 * 45 - 1 = 494
+
 
 @pytest.mark.django_db(transaction=True)
 def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp_path):

@@ -19,13 +19,16 @@ from .services.payload import encode_payload
 from .services.signals import waits_for
 from .states import ACTIVE_STEP
 
+#: The longest reason an operator may give (the admin's forms and the CLI's ``--reason``).
+MAX_REASON_LENGTH = 2000
+
 
 class ReasonForm(forms.Form):
     """Why the operator acts: recorded on the audit event the verb writes."""
 
     reason = forms.CharField(
         label=_("Reason"),
-        max_length=2000,
+        max_length=MAX_REASON_LENGTH,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text=_("Recorded in the run's audit trail with your username."),
     )

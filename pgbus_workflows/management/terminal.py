@@ -13,7 +13,8 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-#: The widest a table cell gets (longer text ends in "..."; ``--json`` has it whole).
+#: The widest a table cell or a field of ``show`` gets (longer text ends in "..."; ``show --full``
+#: and ``--json`` have it whole).
 MAX_CELL = 60
 
 
@@ -32,8 +33,11 @@ def to_json(value: Any) -> str:
     return json.dumps(value, cls=ExactJSONEncoder, indent=2, ensure_ascii=False)
 
 
-def cell(value: Any) -> str:
-    """A value as a table cell: times local to the second, JSON compact, nothing as ``-``, on one line."""
+def cell(value: Any, full: bool = False) -> str:
+    """A value as a table cell: times local to the second, JSON compact, nothing as ``-``, on one line.
+
+    Cut to :data:`MAX_CELL` characters unless ``full``.
+    """
     if value is None or value == "":
         text = "-"
     elif isinstance(value, datetime):
@@ -43,13 +47,16 @@ def cell(value: Any) -> str:
     else:
         text = str(value)
     text = " ".join(text.split())
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 3] + "..."
+    return text if full or len(text) <= MAX_CELL else text[: MAX_CELL - 3] + "..."
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> list[str]:
-    """Lines of an aligned table: ``columns`` are ``(key in each row, heading)``; the last column is not padded."""
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], full: bool = False) -> list[str]:
+    """Lines of an aligned table: ``columns`` are ``(key in each row, heading)``; the last column is not padded.
+
+    ``full``: no cell is cut short.
+    """
     cells = [[heading.upper() for _key, heading in columns]]
-    cells += [[cell(row.get(key)) for key, _heading in columns] for row in rows]
+    cells += [[cell(row.get(key), full) for key, _heading in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip() for line in cells]
 
@@ -118,18 +125,27 @@ def attempt_note(attempt: dict[str, Any]) -> Any:
     if attempt["error_class"]:
         return f"{attempt['error_class']}: {attempt['error_message']}"
     if attempt["fan_out"] is not None:
-        return "fan-out " + ", ".join(f"{k} {v}" for k, v in attempt["fan_out"].items())
+        done = attempt["fan_out"]
+        return (
+            f"fan-out {done['succeeded']}/{done['total']} done, {done['failed']} failed, "
+            f"{done['cancelled']} cancelled, {done['pending']} pending"
+        )
     if attempt["status"] == "waiting" and attempt["wait_for"]:
         return "waits for " + ", ".join(attempt["wait_for"])
     return attempt["output"]
 
 
-def run_page(page: dict[str, Any]) -> list[str]:
-    """``show``'s text: the run's fields, the verbs it may take, its attempts, events and pending signals."""
+def run_page(page: dict[str, Any], full: bool = False) -> list[str]:
+    """``show``'s text: the run's fields, the verbs it may take, its attempts, events and pending signals.
+
+    Long values are cut to :data:`MAX_CELL` characters, ending in "...", unless ``full``.
+    """
     run = page["run"]
     lines = [f"Run {run['workflow_id']}"]
     width = max(len(label) for _key, label in RUN_FIELDS)
-    lines += [f"  {label.ljust(width)}  {cell(run[key])}" for key, label in RUN_FIELDS if run[key] not in (None, "")]
+    lines += [
+        f"  {label.ljust(width)}  {cell(run[key], full)}" for key, label in RUN_FIELDS if run[key] not in (None, "")
+    ]
     verbs = ", ".join(TYPED.get(verb, verb) for verb in page["allowed_verbs"]) or "none"
     lines.append(f"  {'may now'.ljust(width)}  {verbs}")
     sections = [
@@ -153,7 +169,9 @@ def run_page(page: dict[str, Any]) -> list[str]:
             rows = [{**row, "note": attempt_note(row)} for row in rows]
         if key == "events":
             rows = [{**row, "move": _move(row)} for row in rows]
-        lines += ["  " + line for line in table(rows, columns)]
+        lines += ["  " + line for line in table(rows, columns, full)]
+    if not full and lines != run_page(page, full=True):  # some value was cut: say how to see it whole
+        lines += ["", "Values longer than 60 characters end in '...': show --full prints them whole."]
     return lines
 
 

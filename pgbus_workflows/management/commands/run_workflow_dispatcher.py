@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import InterfaceError, OperationalError
 
 from ...dispatcher import WorkflowDispatcher
 from ...exceptions import NotMigrated
@@ -150,6 +151,13 @@ class Command(BaseCommand):
             code = dispatcher.run()
         except NotMigrated as error:
             self.stderr.write(str(error))
+            sys.exit(1)
+        except (OperationalError, InterfaceError) as error:
+            if options["traceback"]:
+                raise
+            # The database is down or refuses the login: one line for the supervisor's log.
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            self.stderr.write(f"Cannot use the database: {first}")
             sys.exit(1)
         if code:
             sys.exit(code)

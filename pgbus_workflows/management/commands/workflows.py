@@ -11,12 +11,14 @@ Who acts and what they may do: :mod:`pgbus_workflows.management.operating`.
 from __future__ import annotations
 
 import json
+from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, OperationalError
 
 from ... import clock, migrated
+from ...admin_forms import MAX_REASON_LENGTH
 from ...admin_operations import OPERATIONS, allowed_verbs
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
 from ...models import WorkflowEvent, WorkflowSignal, WorkflowStep
@@ -62,6 +64,13 @@ checked exactly as the admin checks them (active staff, the verb's permission an
 permission on each run), and their username is the actor."""
 
 
+def reason_text(value: str) -> str:
+    """``--reason``: at most the admin's ``MAX_REASON_LENGTH`` characters."""
+    if len(value) > MAX_REASON_LENGTH:
+        raise ArgumentTypeError(f"at most {MAX_REASON_LENGTH} characters (as in the admin), got {len(value)}")
+    return value
+
+
 class Command(BaseCommand):
     """List, show and operate workflow runs (the admin's verbs, from a terminal)."""
 
@@ -74,7 +83,11 @@ class Command(BaseCommand):
         output.add_argument("--as-user", metavar="USERNAME", help="act as this Django user, with their permissions")
         acting = CommandParser(add_help=False, parents=[output])
         acting.add_argument("--actor", help="the name recorded on the events (default cli:<os user>)")
-        acting.add_argument("--reason", help="why: recorded on the events, as the admin's reason")
+        acting.add_argument(
+            "--reason",
+            type=reason_text,
+            help=f"why: recorded on the events, as the admin's reason (at most {MAX_REASON_LENGTH} characters)",
+        )
         commands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
 
         listing = commands.add_parser(
@@ -100,6 +113,11 @@ class Command(BaseCommand):
         show.add_argument("--attempts", type=positive_int, default=50, metavar="N", help="latest attempts shown (50)")
         show.add_argument("--events", type=positive_int, default=20, metavar="N", help="latest events shown (20)")
         show.add_argument("--signals", type=positive_int, default=50, metavar="N", help="pending signals shown (50)")
+        show.add_argument(
+            "--full",
+            action="store_true",
+            help="print every value whole (by default long ones are cut at 60 characters)",
+        )
 
         helps = {
             "pause": "hold runs: a running step finishes, nothing new starts",
@@ -134,6 +152,11 @@ class Command(BaseCommand):
                 self.schedule_command(options)
             else:
                 self.operate(VERBS[options["subcommand"]], options)
+        except (OperationalError, InterfaceError) as error:
+            # The database is down, unreachable or refuses the login: one line, not a traceback
+            # (--traceback still shows it, chained).
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CommandError(f"Cannot use the database: {first}") from error
         except DatabaseError as error:
             missing = migrated.explain(error)
             if missing is None:
@@ -213,7 +236,7 @@ class Command(BaseCommand):
         if operator.may_view(WorkflowSignal):
             signals, page["more_signals_omitted"] = pending_signals(run, options["signals"])
             page["pending_signals"] = [signal_row(signal) for signal in signals]
-        self.stdout.write(to_json(page) if options["json"] else "\n".join(run_page(page)))
+        self.stdout.write(to_json(page) if options["json"] else "\n".join(run_page(page, options["full"])))
 
     def operate(self, verb: str, options: dict[str, Any]) -> None:
         """A verb on each run given: one line (or JSON object) per run; exit 1 if any was refused."""

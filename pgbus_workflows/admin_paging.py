@@ -3,7 +3,8 @@
 Django's changelist counts its rows twice (the filtered list and the whole table) with
 ``COUNT(*)``, which reads every row. Here the filtered count is exact up to
 ``sql.counting.EXACT_UP_TO`` (counted in the page's own order, so the index the page walks
-serves it) and the planner's estimate above it, shown as "about N"; the whole table is
+serves it) and the planner's estimate above it, shown as "about N" rounded to two significant
+digits, or "more than N" when the planner knows no more than was counted; the whole table is
 not counted (``show_full_result_count = False``). Facet counts (``?_facets``) would count
 every filter choice and are never shown. Sorting is offered on indexed columns only, and
 search finds workflow ids by the unique index (:func:`workflow_id_range`), never by a
@@ -21,6 +22,8 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.utils.formats import number_format
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from .models import WorkflowRun
@@ -29,6 +32,19 @@ from .sql.counting import EXACT_UP_TO, estimated_count
 #: How deep (in pages) an estimated list goes: the page at this depth walks ``per_page`` x
 #: this many index entries (5,000 with 50 a page), never the whole table.
 DEEPEST_PAGE = 100
+
+
+def count_label(count: int, estimated: bool, exact_up_to: int = EXACT_UP_TO) -> str:
+    """How a count reads, with thousands separators: exact ("1,050"), "about 1,200,000" (an
+    estimate, to two significant digits: its later digits mean nothing), or "more than 1,000"
+    (the planner guessed no more than the ``exact_up_to + 1`` rows counted)."""
+    if not estimated:
+        return number_format(count, force_grouping=True)
+    if count <= exact_up_to + 1:
+        return gettext("more than %(count)s") % {"count": number_format(exact_up_to, force_grouping=True)}
+    unit = 10 ** max(0, len(str(count)) - 2)
+    rounded = (count + unit // 2) // unit * unit
+    return gettext("about %(count)s") % {"count": number_format(rounded, force_grouping=True)}
 
 
 class EstimatedCountPaginator(Paginator):
@@ -57,6 +73,11 @@ class EstimatedCountPaginator(Paginator):
     def estimated(self) -> bool:
         """Whether ``count`` is the planner's estimate."""
         return self._counted[1]
+
+    @property
+    def count_text(self) -> str:
+        """``count`` as the list says it (:func:`count_label`)."""
+        return count_label(self.count, self.estimated, self.exact_up_to)
 
     def validate_number(self, number: Any) -> int:
         if not self.estimated:

@@ -33,6 +33,7 @@ from django.utils.translation import gettext as _
 
 from .admin_forms import ReasonForm
 from .admin_operations import OPERATIONS, Operation, perform
+from .admin_paging import count_label
 from .conf import settings
 from .exceptions import WorkflowError
 from .models import Dispatcher, WorkflowRun, WorkflowStep
@@ -269,7 +270,10 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
         entry = by_class.setdefault(klass, {"workflow_class": klass, "statuses": [], "stuck": [], "total": 0})
         url = runs(workflow_class=klass, status=row["status"])
         estimated = row["count"] > GAUGE_EXACT_UP_TO  # the gauge's estimate, said as "about N"
-        entry["statuses"].append({"key": row["status"], "count": row["count"], "url": url, "estimated": estimated})
+        shown = count_label(row["count"], estimated, GAUGE_EXACT_UP_TO)
+        entry["statuses"].append(
+            {"key": row["status"], "count": row["count"], "url": url, "estimated": estimated, "shown": shown}
+        )
         entry["total"] += row["count"]
     for row in data["stuck"]:
         entry = by_class[row["workflow_class"]]
@@ -288,6 +292,13 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
         }
         for i, s in enumerate(RunStatus.values)
     ]
+    for cell in totals:  # a sum with an estimate in it is an estimate too
+        cell["shown"] = count_label(cell["count"], cell["estimated"], GAUGE_EXACT_UP_TO)
+    for entry in rows:
+        entry["shown"] = count_label(entry["total"], any(c["estimated"] for c in entry["statuses"]), GAUGE_EXACT_UP_TO)
+    grand = sum(cell["count"] for cell in totals)
+    grand_estimated = any(cell["estimated"] for cell in totals)
+    grand_total = {"count": grand, "url": runs(), "shown": count_label(grand, grand_estimated, GAUGE_EXACT_UP_TO)}
     stuck_totals = [
         {"key": s, "count": sum(r["stuck"][i]["count"] for r in rows), "url": runs(stuck=s)}
         for i, s in enumerate(STUCK_REASONS)
@@ -297,6 +308,7 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
         "stuck_reasons": [(r, status_badge(r, r.replace("_", " "))) for r in STUCK_REASONS],
         "rows": rows,
         "totals": totals,
+        "grand_total": grand_total,
         "stuck_totals": stuck_totals,
         "all_runs_url": runs(),
         "status_chart": bar_chart(rows, "statuses"),

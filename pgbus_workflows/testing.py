@@ -56,11 +56,13 @@ def _waiting_for(workflow: Workflow) -> str:
         listed = ", ".join(f"{c.workflow_class} {c.workflow_id} ({c.status})" for c in ongoing[:5])
         more = f" and {len(ongoing) - 5} more" if len(ongoing) > 5 else ""
         return (
-            f"is waiting on step {step.step_name}'s {len(children)} children, {len(ongoing)} ongoing: "
+            f"is waiting on step {step.step_name}'s {len(children)} {'child' if len(children) == 1 else 'children'}, "
+            f"{len(ongoing)} ongoing: "
             f"{listed}{more}: complete_fan_out runs them to their end"
         )
     if step.fan_out_total is not None:
-        return f"is waiting on step {step.step_name}'s {step.fan_out_total} fan-out jobs: complete_fan_out moves it on"
+        jobs = "fan-out job" if step.fan_out_total == 1 else "fan-out jobs"
+        return f"is waiting on step {step.step_name}'s {step.fan_out_total} {jobs}: complete_fan_out moves it on"
     names = ", ".join(step.wait_for or [])
     timeout = ", expire_wait times it out" if step.timeout_at else ""
     return f"is waiting on step {step.step_name} for signal {names}: deliver_signal moves it on{timeout}"

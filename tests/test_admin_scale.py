@@ -16,7 +16,7 @@ from django.db.models.functions import Length
 from django.urls import reverse
 
 from pgbus_workflows import clock
-from pgbus_workflows.admin_paging import DEEPEST_PAGE, EstimatedCountPaginator
+from pgbus_workflows.admin_paging import DEEPEST_PAGE, EstimatedCountPaginator, count_label
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.sql.counting import EXACT_UP_TO, distinct_values, estimated_count
 from pgbus_workflows.sweep import GAUGE_EXACT_UP_TO, gauge
@@ -62,8 +62,11 @@ def test_a_large_list_says_about_the_planners_estimate(admin_client):
     cl = response.context["cl"]
     assert cl.paginator.estimated is True
     assert 4000 <= cl.result_count <= 6000  # the planner's estimate of 5,000 rows
-    assert count_line(response.content.decode()) == f"about {cl.result_count} workflow runs"
-    assert "Select all (about" in response.content.decode()
+    # Rounded to two significant digits, with a thousands separator: "about 5,000", not "about 4987".
+    assert re.fullmatch(r"about [456],\d00 workflow runs", count_line(response.content.decode()))
+    assert re.search(r"Select all \(about [456],\d00\)", response.content.decode())
+    searched = admin_client.get(changelist("?workflow_class=history")).content.decode()
+    assert re.search(r"about [456],\d00 results", searched)
     # A filtered list that is small again is exact.
     wf = paused_on_error()
     filtered = admin_client.get(changelist("?status=paused"))
@@ -93,10 +96,26 @@ def test_a_page_past_a_low_estimate_is_served():
     runs = WorkflowRun.objects.annotate(n=Length("current_step")).filter(n=1).order_by("-pk")
     paginator = EstimatedCountPaginator(runs, 50)
     assert paginator.estimated and paginator.count == EXACT_UP_TO + 1  # never below what it counted
+    assert paginator.count_text == "more than 1,000"  # not "about 1001": the planner knew no more
     assert len(paginator.page(50).object_list) == 50  # 2,450 runs in: past the estimate's 21 pages
     assert len(paginator.page(61).object_list) == 0
     with pytest.raises(EmptyPage):
         paginator.page(DEEPEST_PAGE + 1)
+
+
+@pytest.mark.parametrize(
+    ("count", "estimated", "shown"),
+    [
+        (7, False, "7"),
+        (1050, False, "1,050"),
+        (1001, True, "more than 1,000"),
+        (1050, True, "about 1,100"),
+        (4987, True, "about 5,000"),
+        (1_234_567, True, "about 1,200,000"),
+    ],
+)
+def test_a_count_reads_with_thousands_separators_and_an_estimate_rounded(count, estimated, shown):
+    assert count_label(count, estimated, exact_up_to=1000) == shown
 
 
 def test_estimated_count_is_exact_up_to_its_bound_and_never_below_what_it_counted():
@@ -134,7 +153,7 @@ def test_the_gauge_estimates_a_class_and_status_above_its_bound_and_the_dashboar
     assert counts[("busy", "finished")] > GAUGE_EXACT_UP_TO
     assert counts[("fails_first", "paused")] == 1 and counts[("busy", "paused")] == 0
     html = admin_client.get(reverse("admin:pgbus_workflows_workflowrun_dashboard")).content.decode()
-    assert f"about {counts[('busy', 'finished')]}</a>" in html
+    assert re.search(r">about 1\d,\d00</a>", html)  # the estimate, rounded, with a thousands separator
     assert ">1</a>" in html  # the paused run, counted exactly
 
 

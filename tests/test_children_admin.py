@@ -4,9 +4,11 @@ import pytest
 from django.urls import reverse
 
 from pgbus_workflows.admin_run_page import PAGE_ROWS
+from pgbus_workflows.exceptions import StepWaiting
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import VIEW, run_page, staff_user
 from tests.testapp.child_workflows import Many
+from tests.testapp.workflows import Squares
 
 pytestmark = pytest.mark.django_db
 
@@ -30,6 +32,18 @@ def test_a_parent_page_lists_its_children_with_their_statuses_and_counts_them(vi
     assert "3 children:" in html
     assert "fan-out: 1 done / 0 failed / 3 children" in html
     assert f"?parent__id__exact={parent.record.pk}" in html
+
+
+def test_one_child_and_one_job_are_said_in_the_singular(viewer):
+    parent = helpers.perform_next_step(Many.start(count=1))
+    html = viewer.get(run_page(parent)).content.decode()
+    assert "1 child:" in html
+    assert "fan-out: 0 done / 0 failed / 1 child<" in html
+    assert "1 children" not in html
+    squares = helpers.perform_next_step(Squares.start(count=1))
+    html = viewer.get(run_page(squares)).content.decode()
+    assert "fan-out: 0 done / 0 failed / 1 job<" in html
+    assert "1 jobs" not in html
 
 
 def test_a_child_page_links_to_its_parent(viewer):
@@ -69,3 +83,14 @@ def test_the_dashboard_says_nothing_of_children_when_no_run_is_paused(viewer):
     helpers.perform_next_step(Many.start(count=2))
     html = viewer.get(reverse("admin:pgbus_workflows_workflowrun_dashboard")).content.decode()
     assert "pgbus-children-of-paused" not in html
+
+
+def test_the_test_helpers_say_one_child_and_one_job_in_the_singular():
+    for started, words in (
+        (Many.start(count=1), "'s 1 child, 1 ongoing"),
+        (Squares.start(count=1), "'s 1 fan-out job:"),
+    ):
+        wf = helpers.perform_next_step(started)
+        with pytest.raises(StepWaiting) as caught:
+            helpers.speedrun_workflow(wf)
+        assert words in str(caught.value)

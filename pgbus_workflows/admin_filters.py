@@ -19,9 +19,9 @@ from django.utils.translation import gettext_lazy as _
 from . import clock
 from .models import NOTABLE_EVENT_KINDS, WorkflowRun
 from .registry import registry
+from .services.stuck import STUCK_REASONS, stuck_querysets
 from .sql.counting import distinct_values
 from .states import RunStatus
-from .sweep import STUCK_REASONS, stuck_querysets
 
 
 class WorkflowClassFilter(admin.SimpleListFilter):

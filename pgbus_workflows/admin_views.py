@@ -37,9 +37,9 @@ from .admin_paging import count_label
 from .conf import settings
 from .exceptions import WorkflowError
 from .models import Dispatcher, WorkflowRun, WorkflowStep
+from .services.stuck import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
 from .sql.counting import bounded_count, estimated_count
 from .states import ONGOING_RUN, RunStatus, StepStatus
-from .sweep import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
 
 if TYPE_CHECKING:
     from django.contrib.admin import AdminSite

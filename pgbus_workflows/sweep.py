@@ -23,8 +23,8 @@ is logged and retried next time without stopping the others):
   runs older than ``RETENTION`` are deleted in batches of 500, at most ten batches a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
-  every registered class, sent as the ``workflow_gauge`` Django signal; read through
-  indexes only, a count above ``GAUGE_EXACT_UP_TO`` being the planner's estimate.
+  every registered class, sent as the ``workflow_gauge`` Django signal (the read model is
+  ``services.stuck``; retention's deletes are ``services.retention``).
 
 Every move is re-checked under the run's lock: the step may have finished since the query.
 No phase waits for a lock: a run another transaction holds (an ``atomic=True`` body, an
@@ -36,30 +36,29 @@ dispatcher runs the sweep on a thread of its own, so it never delays claims or h
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Count, Exists, OuterRef, Subquery
-
 from . import clock, signals, sql
 from .conf import settings
-from .models import Dispatcher, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
-from .registry import registry
+from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from .services.claims import stall
 from .services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
-from .services.fanout_recovery import ended_fan_outs, recover_jobs, resolve_lost_fan_outs
+from .services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
 from .services.isolation import RowFailures
+from .services.retention import BATCH_SIZE as RETENTION_BATCH
+from .services.retention import delete_expired_runs
 from .services.schedules import delete_expired_schedule_events
+from .services.stuck import gauge
 from .services.waiting import expire_due_waits
 from .session import TransactionLock
-from .sql.counting import bounded_pair_counts, distinct_values, planner_estimate
-from .states import TERMINAL_RUN, RunStatus, StepStatus
+from .states import StepStatus
 
 logger = logging.getLogger("pgbus_workflows")
 
+#: Steps one stall phase moves at most per sweep.
 BATCH_SIZE = 500
 CLEANUP_EVERY = timedelta(hours=1)
 #: Retention batches one sweep deletes at most (a backlog goes on at the next sweep).
@@ -67,10 +66,6 @@ CLEANUP_BATCHES = 10
 #: Advisory lock key held while a dispatcher sweeps ("pgbus" in ASCII): a transaction-level
 #: lock on a connection of its own (``session.TransactionLock``), right behind PgBouncer too.
 SWEEP_LOCK_KEY = 0x7067627573
-STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error", "fan_out_unresolved")
-#: Up to this many runs of one class in one status the gauge counts exactly; above, it
-#: reports the planner's estimate (the dashboard says "about").
-GAUGE_EXACT_UP_TO = 10_000
 
 
 def stall_dead_dispatchers(now: datetime, failures: RowFailures | None = None) -> int:
@@ -107,125 +102,6 @@ def _stall_each(steps: Any, phase: str, now: datetime, failures: RowFailures) ->
         )
         for step_pk, run_pk in steps.values_list("pk", "run_id")[:BATCH_SIZE]
     )
-
-
-def delete_expired_runs(now: datetime, batch_size: int = BATCH_SIZE, max_batches: int | None = None) -> int:
-    """Delete finished and cancelled runs older than ``RETENTION``, a batch at a time.
-
-    Each batch is its own short transaction and skips runs another transaction holds; at most
-    ``max_batches`` batches (None: until none is left), so one sweep is bounded.
-    """
-    retention = settings.RETENTION
-    if retention is None:
-        return 0
-    expired = WorkflowRun.objects.filter(status__in=TERMINAL_RUN, status_changed_at__lt=now - retention)
-    deleted = 0
-    batches = 0
-    while max_batches is None or batches < max_batches:
-        batches += 1
-        with transaction.atomic():
-            ids = list(
-                expired.select_for_update(skip_locked=True).order_by("pk").values_list("pk", flat=True)[:batch_size]
-            )
-            if not ids:
-                return deleted
-            _delete_runs(ids)
-        deleted += len(ids)
-    return deleted
-
-
-def _delete_runs(ids: list[int]) -> None:
-    """Delete terminal runs; on PostgreSQL one statement, the database cascading to their rows."""
-    if not sql.postgresql():
-        WorkflowRun.objects.filter(pk__in=ids, status__in=TERMINAL_RUN).delete()
-        return
-    with sql.cursor() as cursor:
-        cursor.execute(sql.statement("delete_runs"), [ids, sorted(TERMINAL_RUN)])
-
-
-def status_counts(classes: Sequence[str] | None = None) -> dict[tuple[str, str], int]:
-    """``{(class, status): runs}`` over every run: exact up to ``GAUGE_EXACT_UP_TO``, estimated above.
-
-    On PostgreSQL each (class, status) pair is counted in the (class, status) index and the
-    count stops at ``GAUGE_EXACT_UP_TO + 1`` (one statement for every pair); a pair above
-    that is the planner's estimate, so a count above ``GAUGE_EXACT_UP_TO`` is an estimate
-    and the gauge's cost does not grow with the history.
-    """
-    if not sql.postgresql():
-        rows = WorkflowRun.objects.values_list("workflow_class", "status").annotate(n=Count("pk")).order_by()
-        return {(klass, status): n for klass, status, n in rows}
-    classes = distinct_values(WorkflowRun, "workflow_class") if classes is None else list(classes)
-    counted = bounded_pair_counts(WorkflowRun, (classes, list(RunStatus.values)), GAUGE_EXACT_UP_TO)
-    for (klass, status), n in counted.items():
-        if n > GAUGE_EXACT_UP_TO:
-            estimate = planner_estimate(WorkflowRun.objects.filter(workflow_class=klass, status=status))
-            counted[(klass, status)] = max(estimate, n)
-    return counted
-
-
-def stuck_querysets(now: datetime, classes: Sequence[str] | None = None) -> dict[str, Any]:
-    """One queryset of runs per stuck reason (the gauge counts them; the admin filters by them).
-
-    ``classes``: the runs' classes (every stored class, or fewer), which lets the planner reach
-    paused runs through the (class, status) index instead of reading every run.
-    """
-    threshold = settings.STALL_THRESHOLD
-    steps = WorkflowStep.objects.filter(run_id=OuterRef("pk"))
-    runs = WorkflowRun.objects.all() if classes is None else WorkflowRun.objects.filter(workflow_class__in=classes)
-    return {
-        "stalled": runs.filter(Exists(steps.filter(status=StepStatus.IN_PROGRESS, stall_at__lt=now))),
-        "overdue": runs.filter(
-            Exists(steps.filter(status=StepStatus.SCHEDULED, scheduled_at__lt=now - threshold)),
-            status=RunStatus.READY,
-        ),
-        "waiting_overdue": runs.filter(
-            Exists(
-                steps.filter(
-                    status=StepStatus.WAITING,
-                    timeout_at__isnull=True,
-                    waiting_since__lt=now - settings.WAITING_VISIBILITY_THRESHOLD,
-                )
-            ),
-            status=RunStatus.WAITING,
-        ),
-        "paused_on_error": runs.filter(status=RunStatus.PAUSED)
-        .annotate(last_step_status=Subquery(steps.order_by("-pk").values("status")[:1]))
-        .filter(last_step_status=StepStatus.FAILED),
-        # Jobs all ended, the resolution not yet written (the next sweep pass writes it).
-        "fan_out_unresolved": runs.filter(Exists(ended_fan_outs().filter(run_id=OuterRef("pk")))),
-    }
-
-
-def stuck_counts(now: datetime, classes: Sequence[str] | None = None) -> dict[tuple[str, str], int]:
-    """``{(class, reason): runs}`` for every stuck reason (``classes``: as ``stuck_querysets``)."""
-    counts: dict[tuple[str, str], int] = {}
-    for reason, queryset in stuck_querysets(now, classes).items():
-        for klass, n in queryset.values_list("workflow_class").annotate(n=Count("pk")).order_by():
-            counts[(klass, reason)] = n
-    return counts
-
-
-def gauge(now: datetime) -> dict[str, list[dict[str, Any]]]:
-    """The gauge payload: every class x every status and every stuck reason, zero-filled.
-
-    Read through indexes only (the class index's values one probe each, bounded counts in
-    the (class, status) index, the steps' partial indexes): a count above
-    ``GAUGE_EXACT_UP_TO`` is the planner's estimate.
-    """
-    stored = distinct_values(WorkflowRun, "workflow_class") if sql.postgresql() else None
-    statuses, stuck = status_counts(stored), stuck_counts(now, stored)
-    classes = sorted({k for k, _ in statuses} | {k for k, _ in stuck} | {c.name for c in registry.classes()})
-    return {
-        "statuses": _zero_filled(classes, RunStatus.values, statuses, "status"),
-        "stuck": _zero_filled(classes, list(STUCK_REASONS), stuck, "reason"),
-    }
-
-
-def _zero_filled(
-    classes: list[str], values: list[str], counts: dict[tuple[str, str], int], key: str
-) -> list[dict[str, Any]]:
-    """Every class x every value, so a count that drops to zero is reported as zero."""
-    return [{"workflow_class": k, key: v, "count": counts.get((k, v), 0)} for k in classes for v in values]
 
 
 def emit_gauge(now: datetime) -> int:
@@ -290,7 +166,7 @@ class Sweeper:
                     failed.append(name)
             if cleanup and "cleanup" not in failed:
                 self.last_cleanup = now
-                self.cleanup_backlog = summary["cleanup"] >= CLEANUP_BATCHES * BATCH_SIZE
+                self.cleanup_backlog = summary["cleanup"] >= CLEANUP_BATCHES * RETENTION_BATCH
             if failed:
                 summary["failed"] = failed
         finally:

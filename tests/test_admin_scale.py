@@ -18,8 +18,8 @@ from django.urls import reverse
 from pgbus_workflows import clock
 from pgbus_workflows.admin_paging import DEEPEST_PAGE, EstimatedCountPaginator, count_label
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
+from pgbus_workflows.services.stuck import GAUGE_EXACT_UP_TO, gauge
 from pgbus_workflows.sql.counting import EXACT_UP_TO, distinct_values, estimated_count
-from pgbus_workflows.sweep import GAUGE_EXACT_UP_TO, gauge
 from tests.test_cli import paused_on_error, ready
 
 pytestmark = pytest.mark.django_db

@@ -28,7 +28,8 @@ from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job, record_job_ends, run_job
 from pgbus_workflows.services.locks import RunLocked
 from pgbus_workflows.services.payload import storable_text
-from pgbus_workflows.sweep import Sweeper, delete_expired_runs
+from pgbus_workflows.services.retention import delete_expired_runs
+from pgbus_workflows.sweep import Sweeper
 from pgbus_workflows.workers import WorkerPool
 from tests.faultproxy import CommitAnswerLost
 from tests.testapp import fault_workflows as faults

@@ -14,9 +14,10 @@ from django.test import TestCase, override_settings
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgbus_workflows import clock, metrics, sweep, tracing
+from pgbus_workflows import clock, metrics, tracing
 from pgbus_workflows.models import Dispatcher
 from pgbus_workflows.services.outcome import OUTCOME_KINDS
+from pgbus_workflows.services.stuck import STUCK_REASONS
 from pgbus_workflows.states import StepOutcomeKind
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import ROOT
@@ -120,7 +121,7 @@ class DocumentedMetricsTests(WorkflowTestMixin, TestCase):
             self.assertIn(subject, titles)
 
     def test_the_value_lists_are_the_code_s(self):
-        self.assertEqual(listed("runs by class and stuck reason ("), list(sweep.STUCK_REASONS))
+        self.assertEqual(listed("runs by class and stuck reason ("), list(STUCK_REASONS))
         self.assertEqual(listed("`outcome` is the step row's ("), list(StepOutcomeKind.values))
         self.assertEqual(listed("`pgbus_workflows.outcome` ("), [*OUTCOME_KINDS, tracing.NO_OUTCOME])
         buckets = list(metrics.DURATION_BUCKETS)

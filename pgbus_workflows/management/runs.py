@@ -20,9 +20,9 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from .. import clock
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.fanout import progress
+from ..services.stuck import STUCK_REASONS, stuck_querysets
 from ..sql.counting import distinct_values
 from ..states import SignalStatus
-from ..sweep import STUCK_REASONS, stuck_querysets
 
 #: The shortest start of a workflow id that finds a run (the 8 characters the admin's list shows).
 MIN_PREFIX = 8

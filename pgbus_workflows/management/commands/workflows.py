@@ -24,8 +24,8 @@ from ...exceptions import PayloadNotSerializable, PayloadTooLarge
 from ...models import WorkflowEvent, WorkflowSignal, WorkflowStep
 from ...services.payload import encode_payload
 from ...services.signals import check_signal_input
+from ...services.stuck import STUCK_REASONS
 from ...states import RunStatus
-from ...sweep import STUCK_REASONS
 from ..operating import Operator, Result, operate
 from ..runs import (
     RunNotFound,

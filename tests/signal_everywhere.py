@@ -36,7 +36,7 @@ def sigterm_at_line(round_: int, k: int) -> Any:
     def trace(frame: FrameType, event: str, arg: object) -> Any:
         filename = frame.f_code.co_filename
         if event == "call":
-            if frame.f_code.co_name == "_tick" and filename.endswith("/pgbus_workflows/dispatcher.py"):
+            if frame.f_code.co_name == "_tick" and filename.endswith("/pgbus_workflows/dispatcher/process.py"):
                 state["rounds"] += 1
                 state["armed"] = state["armed"] or state["rounds"] == round_
             return trace if any(part in filename for part in WATCHED) else None

@@ -18,12 +18,12 @@ from django.utils import timezone
 
 from pgbus_workflows import Job, Workflow, fan_out, rows, step
 from pgbus_workflows.checks import check_settings
+from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services import outcome as outcome_module
 from pgbus_workflows.services.claims import claim_due_steps, still_in_progress
 from pgbus_workflows.services.executor import Chain, apply_outcomes, execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, record_job_ends, run_job
-from pgbus_workflows.workers import WorkerPool
 from tests.procs import eventually
 from tests.testapp.jobs import fail_on, nothing
 from tests.testapp.models import SideEffect

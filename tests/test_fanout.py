@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from pgbus_workflows import ConfigurationError, Job, OnException, Workflow, clock, fan_out, step
 from pgbus_workflows.conf import settings as wf_settings
+from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.exceptions import FanOutFailed, StepWaiting, TestHelperError
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowStep
 from pgbus_workflows.services import fanout
@@ -32,7 +33,6 @@ from pgbus_workflows.services.fanout import (
     resolve_if_done,
 )
 from pgbus_workflows.services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
-from pgbus_workflows.sweep import Sweeper
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import events_of, kinds, run_next
 from tests.testapp import jobs as job_module

@@ -18,12 +18,12 @@ from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.models import FanOutJob, WorkflowStep
 from pgbus_workflows.services import fanout
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job, resolve_if_done
 from pgbus_workflows.services.fanout_recovery import ended_fan_outs, resolve_lost_fan_outs
 from pgbus_workflows.services.stuck import gauge
-from pgbus_workflows.sweep import Sweeper
 from tests.procs import eventually
 from tests.support import events_of, run_next
 from tests.test_query_plans import nodes, plan_of

@@ -18,7 +18,10 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from pgbus_workflows import clock, sweep
+from pgbus_workflows import clock
+from pgbus_workflows.dispatcher import sweep
+from pgbus_workflows.dispatcher.sweep import Sweeper
+from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.exceptions import PayloadNotSerializable
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
@@ -29,8 +32,6 @@ from pgbus_workflows.services.fanout import claim_due_jobs, execute_job, record_
 from pgbus_workflows.services.locks import RunLocked
 from pgbus_workflows.services.payload import storable_text
 from pgbus_workflows.services.retention import delete_expired_runs
-from pgbus_workflows.sweep import Sweeper
-from pgbus_workflows.workers import WorkerPool
 from tests.faultproxy import CommitAnswerLost
 from tests.testapp import fault_workflows as faults
 from tests.testapp.models import Receipt, SideEffect

@@ -10,10 +10,10 @@ import pytest
 from django.test import override_settings
 
 from pgbus_workflows import NotInStep, Workflow, step
+from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.models import WorkflowEvent, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
-from pgbus_workflows.sweep import Sweeper
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import record
 from tests.threads import Worker

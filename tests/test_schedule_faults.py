@@ -14,11 +14,11 @@ import pytest
 from django.db import transaction
 
 from pgbus_workflows import ConfigurationError, InvalidTransition, Schedule, Workflow, metrics, step
+from pgbus_workflows.dispatcher.scheduler import ScheduleLeader
+from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.models import ScheduleEvent, WorkflowRun, WorkflowSchedule
-from pgbus_workflows.scheduler import ScheduleLeader
 from pgbus_workflows.services import schedules as schedule_verbs
 from pgbus_workflows.services.firing import RETRY_AFTER, fire_due
-from pgbus_workflows.sweep import Sweeper
 from pgbus_workflows.testing import tick_schedules
 from tests.testapp.workflows import Ticked, YearlyReport
 from tests.threads import Worker
@@ -141,7 +141,7 @@ def test_the_leader_fires_the_stored_schedules_when_syncing_the_declared_ones_fa
     def broken_sync():
         raise TypeError("Object of type set is not JSON serializable")
 
-    monkeypatch.setattr("pgbus_workflows.scheduler.sync_declared", broken_sync)
+    monkeypatch.setattr("pgbus_workflows.dispatcher.scheduler.sync_declared", broken_sync)
     schedule = Ticked.add_schedule(every=HOUR, start_at=datetime.now(UTC) - 2 * HOUR)
     leader = ScheduleLeader("leader", threading.Event())
     try:

@@ -25,6 +25,7 @@ from pgbus_workflows import (
     step,
 )
 from pgbus_workflows import signals as wf_signals
+from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.exceptions import TestHelperError
 from pgbus_workflows.models import WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
@@ -32,7 +33,6 @@ from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.stuck import gauge
 from pgbus_workflows.services.waiting import expire_due_waits
-from pgbus_workflows.sweep import Sweeper
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import CLOCK_SLACK, events_of, kinds, labels, record, snapshot, steps_of
 from tests.testapp.models import Order, SideEffect

@@ -52,6 +52,7 @@ from hypothesis.stateful import (
 
 from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.admin_operations import allowed_verbs
+from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.exceptions import (
     AlreadyRunning,
     IdempotencyConflict,
@@ -67,7 +68,6 @@ from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.waiting import expire_due_waits
 from pgbus_workflows.states import ACTIVE_STEP, ONGOING_RUN, RUN_TRANSITIONS, TERMINAL_RUN
-from pgbus_workflows.sweep import Sweeper
 from tests.support import CLOCK_SLACK
 from tests.testapp.models import Order, SideEffect
 

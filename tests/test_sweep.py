@@ -11,12 +11,12 @@ from django.utils import timezone
 
 from pgbus_workflows import signals
 from pgbus_workflows.checks import check_settings
+from pgbus_workflows.dispatcher.sweep import SWEEP_LOCK_KEY, Sweeper
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.retention import delete_expired_runs
 from pgbus_workflows.services.stuck import gauge
-from pgbus_workflows.sweep import SWEEP_LOCK_KEY, Sweeper
 from tests.testapp.workflows import Counted
 
 pytestmark = pytest.mark.django_db(transaction=True)

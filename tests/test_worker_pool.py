@@ -11,11 +11,11 @@ from collections import Counter
 
 import pytest
 
-from pgbus_workflows import workers as workers_module
+from pgbus_workflows.dispatcher import workers as workers_module
+from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.models import WorkflowStep
 from pgbus_workflows.services import executor
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
-from pgbus_workflows.workers import WorkerPool
 from tests.procs import eventually
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import LongChain, NoOp3, Slow

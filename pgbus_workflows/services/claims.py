@@ -60,7 +60,7 @@ def claim_and_look_ahead(
     """:func:`claim_due_steps`, and what the dispatcher's loop needs to know to sleep (no extra round trip).
 
     ``due_for``: claim only steps due for at least that long (a dispatcher that follows the
-    first of its group leaves it what it takes at once; see ``wakeups``).
+    first of its group leaves it what it takes at once; see ``dispatcher.wakeups``).
     """
     return _claim_due(max(limit, 1), queues, claimed_by, look=True, due_for=due_for)
 

@@ -10,9 +10,9 @@ import threading
 import time
 from collections import deque
 
-from .models import FanOutJob, WorkflowStep
-from .services.fanout import JobEnd
-from .services.outcome import StepOutcome
+from ..models import FanOutJob, WorkflowStep
+from ..services.fanout import JobEnd
+from ..services.outcome import StepOutcome
 
 Work = WorkflowStep | FanOutJob
 #: Claimed work and whether to re-check it before its body runs (a claim by the loop may be

@@ -41,20 +41,20 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from . import clock, signals, sql
-from .conf import settings
-from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
-from .services.claims import stall
-from .services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
-from .services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
-from .services.isolation import RowFailures
-from .services.retention import BATCH_SIZE as RETENTION_BATCH
-from .services.retention import delete_expired_runs
-from .services.schedules import delete_expired_schedule_events
-from .services.stuck import gauge
-from .services.waiting import expire_due_waits
-from .session import TransactionLock
-from .states import StepStatus
+from .. import clock, signals, sql
+from ..conf import settings
+from ..models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
+from ..services.claims import stall
+from ..services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
+from ..services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
+from ..services.isolation import RowFailures
+from ..services.retention import BATCH_SIZE as RETENTION_BATCH
+from ..services.retention import delete_expired_runs
+from ..services.schedules import delete_expired_schedule_events
+from ..services.stuck import gauge
+from ..services.waiting import expire_due_waits
+from ..session import TransactionLock
+from ..states import StepStatus
 
 logger = logging.getLogger("pgbus_workflows")
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 
-from . import clock, sql
-from .conf import settings
-from .deploy import catalog
-from .models import Dispatcher
+from .. import clock, sql
+from ..conf import settings
+from ..deploy import catalog
+from ..models import Dispatcher
 
 logger = logging.getLogger("pgbus_workflows")
 

@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 
 from django.db import connection
 
-from .conf import settings
+from ..conf import settings
+from ..models import FanOutJob, WorkflowStep
+from ..services.applying import apply_outcomes
+from ..services.body import Chain
+from ..services.claims import still_in_progress
+from ..services.executor import perform_step
+from ..services.fanout import JobEnd, record_job_ends, run_job
+from ..services.outcome import StepOutcome
 from .lanes import Batch, Lane, Queued, Work, work_key
-from .models import FanOutJob, WorkflowStep
-from .services.applying import apply_outcomes
-from .services.body import Chain
-from .services.claims import still_in_progress
-from .services.executor import perform_step
-from .services.fanout import JobEnd, record_job_ends, run_job
-from .services.outcome import StepOutcome
 
 logger = logging.getLogger("pgbus_workflows")
 

@@ -28,16 +28,16 @@ import psycopg
 from django.db import InterfaceError, OperationalError, connection
 from psycopg import sql as psql
 
-from . import clock, sql
-from .conf import settings
-from .deploy import catalog
-from .migrated import require_migrated
-from .models import Dispatcher, FanOutJob, WorkflowStep
+from .. import clock, sql
+from ..conf import settings
+from ..deploy import catalog
+from ..migrated import require_migrated
+from ..models import Dispatcher, FanOutJob, WorkflowStep
+from ..services import fanout, fanout_recovery
+from ..services.claims import claim_and_look_ahead, stall
+from ..session import connection_params, probe_listen
+from ..states import StepStatus
 from .scheduler import ScheduleLeader
-from .services import fanout, fanout_recovery
-from .services.claims import claim_and_look_ahead, stall
-from .session import connection_params, probe_listen
-from .states import StepStatus
 from .sweep import Sweeper
 from .waker import Waker, stop_signals
 from .wakeups import Wakeups, announce, dispatchers_channel

@@ -1,0 +1,11 @@
+"""The dispatcher process: its loop, worker pool, sweep, schedule leader and wake-ups.
+
+``process`` is the loop (``WorkflowDispatcher``, run by ``manage.py run_workflow_dispatcher``);
+``workers`` + ``lanes`` the pool, ``sweep`` the housekeeping phases, ``scheduler`` the schedule
+leader, ``wakeups`` + ``waker`` who claims when. ``WorkflowDispatcher`` is re-exported so
+``from pgbus_workflows.dispatcher import WorkflowDispatcher`` keeps working.
+"""
+
+from .process import WorkflowDispatcher
+
+__all__ = ["WorkflowDispatcher"]

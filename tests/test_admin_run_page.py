@@ -17,8 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from pgbus_workflows import OnException, Workflow, sql, step
-from pgbus_workflows.admin_run_chart import attempt_parts
-from pgbus_workflows.admin_run_page import PAGE_ROWS, REFRESH_SECONDS
+from pgbus_workflows.admin.run_chart import attempt_parts
+from pgbus_workflows.admin.run_page import PAGE_ROWS, REFRESH_SECONDS
 from pgbus_workflows.models import WorkflowEvent, WorkflowSignal, WorkflowStep
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import VIEW, messages_of, run_page, staff_user

@@ -3,7 +3,7 @@
 import pytest
 from django.urls import reverse
 
-from pgbus_workflows.admin_run_page import PAGE_ROWS
+from pgbus_workflows.admin.run_page import PAGE_ROWS
 from pgbus_workflows.exceptions import StepWaiting
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import VIEW, run_page, staff_user

@@ -4,7 +4,7 @@ statuses follow a child that ends while the parent's page is open (the page refr
 
 from __future__ import annotations
 
-from pgbus_workflows import admin_run_page
+from pgbus_workflows.admin import run_page as admin_run_page
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import VIEW, staff_user
 from tests.test_admin_browser import browser_page, log_in, pytestmark  # noqa: F401 (pytestmark: the skips)

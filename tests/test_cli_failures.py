@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pgbus_workflows.admin_forms import MAX_REASON_LENGTH
+from pgbus_workflows.admin.forms import MAX_REASON_LENGTH
 from pgbus_workflows.models import WorkflowEvent
 from tests.procs import ROOT
 from tests.test_cli import cli, refusal, wid

@@ -8,7 +8,7 @@ page stays open.
 
 from __future__ import annotations
 
-from pgbus_workflows import admin_run_page
+from pgbus_workflows.admin import run_page as admin_run_page
 from tests.support import VIEW, staff_user
 from tests.test_admin_browser import browser_page, log_in, pytestmark  # noqa: F401 (pytestmark: the skips)
 from tests.test_admin_run_page import fill_run

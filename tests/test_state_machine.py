@@ -51,7 +51,7 @@ from hypothesis.stateful import (
 )
 
 from pgbus_workflows import OnException, Workflow, step
-from pgbus_workflows.admin_operations import allowed_verbs
+from pgbus_workflows.admin.operations import allowed_verbs
 from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.exceptions import (
     AlreadyRunning,

@@ -27,9 +27,9 @@ from django.core.management.base import CommandError
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
-from ..admin import WorkflowRunAdmin
-from ..admin_operations import Operation, perform
-from ..admin_views import may_view
+from ..admin.operations import Operation, perform
+from ..admin.runs import WorkflowRunAdmin
+from ..admin.views import may_view
 from ..exceptions import WorkflowError
 from ..models import WorkflowRun, WorkflowSignal
 from ..services.ledger import MAX_ACTOR_LENGTH

@@ -18,7 +18,7 @@ from django.contrib.admin.sites import AdminSite, all_sites, site
 from django.core.management.base import CommandError, CommandParser
 from django.db.models import QuerySet
 
-from ..admin_schedules import CANCEL_PERMISSION, SCHEDULE_OPERATIONS, WorkflowScheduleAdmin, cancels
+from ..admin.schedules import CANCEL_PERMISSION, SCHEDULE_OPERATIONS, WorkflowScheduleAdmin, cancels
 from ..exceptions import WorkflowError
 from ..models import WorkflowSchedule
 from ..registry import registry

@@ -18,8 +18,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 from ... import clock, migrated
-from ...admin_forms import MAX_REASON_LENGTH
-from ...admin_operations import OPERATIONS, allowed_verbs
+from ...admin.forms import MAX_REASON_LENGTH
+from ...admin.operations import OPERATIONS, allowed_verbs
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
 from ...models import WorkflowEvent, WorkflowSignal, WorkflowStep
 from ...services.payload import encode_payload

@@ -12,12 +12,12 @@ from typing import Any, cast
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from .exceptions import PayloadNotSerializable, PayloadTooLarge
-from .models import WorkflowRun, WorkflowStep
-from .registry import registry
-from .services.payload import encode_payload
-from .services.signals import waits_for
-from .states import ACTIVE_STEP
+from ..exceptions import PayloadNotSerializable, PayloadTooLarge
+from ..models import WorkflowRun, WorkflowStep
+from ..registry import registry
+from ..services.payload import encode_payload
+from ..services.signals import waits_for
+from ..states import ACTIVE_STEP
 
 #: The longest reason an operator may give (the admin's forms and the CLI's ``--reason``).
 MAX_REASON_LENGTH = 2000

@@ -31,20 +31,20 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from .admin_forms import ReasonForm
-from .admin_operations import OPERATIONS, Operation, perform
-from .admin_paging import count_label
-from .conf import settings
-from .exceptions import WorkflowError
-from .models import Dispatcher, WorkflowRun, WorkflowStep
-from .services.stuck import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
-from .sql.counting import bounded_count, estimated_count
-from .states import ONGOING_RUN, RunStatus, StepStatus
+from ..conf import settings
+from ..exceptions import WorkflowError
+from ..models import Dispatcher, WorkflowRun, WorkflowStep
+from ..services.stuck import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
+from ..sql.counting import bounded_count, estimated_count
+from ..states import ONGOING_RUN, RunStatus, StepStatus
+from .forms import ReasonForm
+from .operations import OPERATIONS, Operation, perform
+from .paging import count_label
 
 if TYPE_CHECKING:
     from django.contrib.admin import AdminSite
 
-    from .admin import WorkflowRunAdmin
+    from .runs import WorkflowRunAdmin
 
 
 def change_url(site_name: str, model_name: str, pk: Any) -> str:

@@ -16,12 +16,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from . import clock
-from .models import NOTABLE_EVENT_KINDS, WorkflowRun
-from .registry import registry
-from .services.stuck import STUCK_REASONS, stuck_querysets
-from .sql.counting import distinct_values
-from .states import RunStatus
+from .. import clock
+from ..models import NOTABLE_EVENT_KINDS, WorkflowRun
+from ..registry import registry
+from ..services.stuck import STUCK_REASONS, stuck_querysets
+from ..sql.counting import distinct_values
+from ..states import RunStatus
 
 
 class WorkflowClassFilter(admin.SimpleListFilter):

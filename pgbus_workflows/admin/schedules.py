@@ -31,14 +31,14 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
-from . import clock
-from .admin_forms import ReasonForm
-from .admin_views import change_url, changelist_url, status_badge
-from .exceptions import ConfigurationError, PayloadNotSerializable, PayloadTooLarge, WorkflowError
-from .models import WorkflowSchedule
-from .registry import registry
-from .schedules import MAX_EVERY, Schedule
-from .services import schedules as verbs
+from .. import clock
+from ..exceptions import ConfigurationError, PayloadNotSerializable, PayloadTooLarge, WorkflowError
+from ..models import WorkflowSchedule
+from ..registry import registry
+from ..schedules import MAX_EVERY, Schedule
+from ..services import schedules as verbs
+from .forms import ReasonForm
+from .views import change_url, changelist_url, status_badge
 
 #: verb -> (the permission it needs, its button, what the message says it did).
 SCHEDULE_OPERATIONS: dict[str, tuple[str, Any, Any]] = {

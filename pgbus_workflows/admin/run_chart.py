@@ -16,8 +16,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .admin_views import format_duration
-from .models import WorkflowStep
+from ..models import WorkflowStep
+from .views import format_duration
 
 LABEL_WIDTH = 200
 AXIS_WIDTH = 640

@@ -26,8 +26,8 @@ from django.utils.formats import number_format
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .models import WorkflowRun
-from .sql.counting import EXACT_UP_TO, estimated_count
+from ..models import WorkflowRun
+from ..sql.counting import EXACT_UP_TO, estimated_count
 
 #: How deep (in pages) an estimated list goes: the page at this depth walks ``per_page`` x
 #: this many index entries (5,000 with 50 a page), never the whole table.

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils.translation import gettext_lazy as _
 
-from . import states
-from .admin_forms import ReasonForm, ResumeAtForm, SignalForm
-from .models import WorkflowRun, WorkflowStep
-from .services import operator
-from .services.signals import deliver_signal
+from .. import states
+from ..models import WorkflowRun, WorkflowStep
+from ..services import operator
+from ..services.signals import deliver_signal
+from .forms import ReasonForm, ResumeAtForm, SignalForm
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise

@@ -23,16 +23,16 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from . import clock
-from .admin_operations import OPERATIONS, allowed_verbs
-from .admin_run_chart import timeline_chart
-from .admin_views import change_url, changelist_url, format_duration, may_view, pretty_json, status_badge
-from .models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from .services.children import CHILD_PREFIX
-from .states import ACTIVE_STEP, ONGOING_RUN, JobStatus
+from .. import clock
+from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from ..services.children import CHILD_PREFIX
+from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
+from .operations import OPERATIONS, allowed_verbs
+from .run_chart import timeline_chart
+from .views import change_url, changelist_url, format_duration, may_view, pretty_json, status_badge
 
 if TYPE_CHECKING:
-    from .admin import WorkflowRunAdmin
+    from .runs import WorkflowRunAdmin
 
 #: Rows shown per section of the run page.
 PAGE_ROWS = 25

@@ -23,8 +23,10 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
-from . import clock
-from .admin_filters import (
+from .. import clock
+from ..models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from ..sql.counting import distinct_values
+from .filters import (
     EventKindFilter,
     FinishedWithinFilter,
     RunStatusFilter,
@@ -32,10 +34,10 @@ from .admin_filters import (
     StuckFilter,
     WorkflowClassFilter,
 )
-from .admin_operations import OPERATIONS, Operation
-from .admin_paging import ScaledChangeList, workflow_id_range
-from .admin_run_page import run_page_context
-from .admin_views import (
+from .operations import OPERATIONS, Operation
+from .paging import ScaledChangeList, workflow_id_range
+from .run_page import run_page_context
+from .views import (
     bulk_operation,
     change_url,
     dashboard_context,
@@ -44,8 +46,6 @@ from .admin_views import (
     status_badge,
     subject_link,
 )
-from .models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from .sql.counting import distinct_values
 
 # -- shared ---------------------------------------------------------------------------------------
 
@@ -404,4 +404,4 @@ class FanOutJobAdmin(ReadOnlyAdmin):
 
 
 # Registers the schedules' admin (a module of its own) with this one.
-from . import admin_schedules  # noqa: E402, F401
+from . import schedules  # noqa: E402, F401

@@ -101,10 +101,18 @@ def vacuum(model) -> None:
         cursor.execute(f"VACUUM {model._meta.db_table}")
 
 
+def settle(*models) -> None:
+    """Vacuum each table: both measurements read indexes without dead entries."""
+    for model in models:
+        vacuum(model)
+
+
 # Twenty thousand entries fill about 60 pages of an index; each of the claim's few descents
 # of one grown a level deeper reads a page more. The claims that read these indexes whole
-# read about 60,000 pages behind the runs (the look-ahead fetched each step and its run).
-MORE_PAGES = 20
+# read about 60,000 pages behind the runs (the look-ahead fetched each step and its run). The
+# bound leaves room for what a loaded machine adds (once 40 and 61 pages where a quiet one reads
+# 11 and 17) and is still a thousandth of what the whole-index read costs.
+MORE_PAGES = 60
 
 
 def test_a_claim_reads_no_more_with_twenty_thousand_runs_waiting_days_for_their_next_step():
@@ -112,12 +120,15 @@ def test_a_claim_reads_no_more_with_twenty_thousand_runs_waiting_days_for_their_
         return claim_and_look_ahead(1, claimed_by="d")
 
     NoOp3.start()
+    # Rows that earlier tests rolled back leave dead entries in the indexes until a vacuum: without
+    # one here, the first measurement read 40 pages where it reads 11 (seen in CI, in random order).
+    settle(WorkflowStep, WorkflowRun, FanOutJob)
     alone = pages_read(claim, "AS step_key")
     NoOp3.start_many([{} for _ in range(20_000)])
     WorkflowStep.objects.filter(status="scheduled").exclude(pk=WorkflowStep.objects.earliest("pk").pk).update(
         scheduled_at=clock.now() + timedelta(days=3)
     )
-    vacuum(WorkflowStep)
+    settle(WorkflowStep, WorkflowRun, FanOutJob)
     behind_them = pages_read(claim, "AS step_key")
 
     assert behind_them - alone <= MORE_PAGES, (alone, behind_them)
@@ -142,11 +153,12 @@ def test_a_job_claim_and_the_look_ahead_read_no_more_with_twenty_thousand_jobs_b
         return claim_and_look_ahead(10, claimed_by="d")
 
     due = fan_out(1)
+    settle(FanOutJob, WorkflowStep, WorkflowRun)
     alone = pages_read(job_claim, "SELECT id, function, scheduled_at"), pages_read(claim, "AS step_key")
     backing_off = fan_out(20_000)
     later = clock.now() + timedelta(hours=1)
     FanOutJob.objects.filter(step__run=backing_off).update(scheduled_at=later)  # as after a failure each
-    vacuum(FanOutJob)
+    settle(FanOutJob, WorkflowStep, WorkflowRun)
     behind_them = pages_read(job_claim, "SELECT id, function, scheduled_at"), pages_read(claim, "AS step_key")
 
     assert all(after - before <= MORE_PAGES for before, after in zip(alone, behind_them, strict=True)), (

@@ -1,22 +1,21 @@
 """The operator console, which Django's admin autodiscovers as ``pgbus_workflows.admin``.
 
-Importing the package registers every ``ModelAdmin`` (``runs`` registers the runs and their
-rows and imports ``schedules``); the classes are re-exported so that
+Importing the package registers every ``ModelAdmin``: ``runs`` (the runs), ``records`` (their
+attempts, events, signals, jobs and the dispatchers) and ``schedules``. The classes are
+re-exported so that
 ``from pgbus_workflows.admin import WorkflowRunAdmin`` keeps working for projects that
 subclass or re-register them.
 """
 
-from .runs import (
-    RUN_FIELDS,
-    RUN_READONLY,
+from .records import (
     DispatcherAdmin,
     FanOutJobAdmin,
     ReadOnlyAdmin,
     WorkflowEventAdmin,
-    WorkflowRunAdmin,
     WorkflowSignalAdmin,
     WorkflowStepAdmin,
 )
+from .runs import RUN_FIELDS, RUN_READONLY, WorkflowRunAdmin
 from .schedules import WorkflowScheduleAdmin
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The forms of the operator console's verbs: a reason for every verb, plus what some verbs need.
 
 The operations themselves (which verbs, their permissions, labels and forms, which a run's
-state allows, and calling them) are :mod:`.admin_operations`.
+state allows, and calling them) are :mod:`.operations`.
 """
 
 from __future__ import annotations

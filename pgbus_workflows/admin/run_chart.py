@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..models import WorkflowStep
-from .views import format_duration
+from .display import format_duration
 
 LABEL_WIDTH = 200
 AXIS_WIDTH = 640

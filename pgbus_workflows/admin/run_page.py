@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote
@@ -27,12 +27,9 @@ from .. import clock
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.children import CHILD_PREFIX
 from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
-from .operations import OPERATIONS, allowed_verbs
+from .display import change_url, changelist_url, format_duration, pretty_json, status_badge
+from .operations import OPERATIONS, OperatedAdmin, allowed_verbs, may_view
 from .run_chart import timeline_chart
-from .views import change_url, changelist_url, format_duration, may_view, pretty_json, status_badge
-
-if TYPE_CHECKING:
-    from .runs import WorkflowRunAdmin
 
 #: Rows shown per section of the run page.
 PAGE_ROWS = 25
@@ -56,7 +53,7 @@ EVENTS = Section(WorkflowEvent, "events_page", "events", "events")
 SIGNALS = Section(WorkflowSignal, "signals_page", "signals", "signals")
 
 
-def run_page_context(modeladmin: WorkflowRunAdmin, request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
+def run_page_context(modeladmin: OperatedAdmin, request: HttpRequest, run: WorkflowRun) -> dict[str, Any]:
     """The run page below its fields: buttons, the paged timeline, events and signals.
 
     The attempts (their outputs and tracebacks), the events and the signals (their payloads)

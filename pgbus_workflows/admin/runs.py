@@ -1,8 +1,9 @@
-"""The operator console: runs, attempts, events, signals and dispatchers, read only.
+"""The runs in the operator console: the list, the run page, the actions and the dashboard.
 
 Nothing here writes a row itself. The actions (bulk on the runs list, buttons on a run's
 page) call the public verbs user code calls, with the admin user's username as ``actor``,
-each behind its own permission (``WorkflowRun.Meta.permissions``). The dashboard is at
+each behind its own permission (``WorkflowRun.Meta.permissions``, asked through
+``operations.OperatedAdmin``). The dashboard is at
 ``<admin>/pgbus_workflows/workflowrun/dashboard/``.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model, OuterRef, Q, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -24,64 +25,15 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from .. import clock
-from ..models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from ..models import WorkflowRun, WorkflowStep
 from ..sql.counting import distinct_values
-from .filters import (
-    EventKindFilter,
-    FinishedWithinFilter,
-    RunStatusFilter,
-    StepClassFilter,
-    StuckFilter,
-    WorkflowClassFilter,
-)
-from .operations import OPERATIONS, Operation
-from .paging import ScaledChangeList, workflow_id_range
+from .dashboard import dashboard_context
+from .display import change_url, pretty_json, status_badge, subject_link
+from .filters import RunStatusFilter, StuckFilter, WorkflowClassFilter
+from .operations import OPERATIONS, OperatedAdmin, bulk_operation, operation_view
+from .paging import workflow_id_range
+from .records import ReadOnlyAdmin
 from .run_page import run_page_context
-from .views import (
-    bulk_operation,
-    change_url,
-    dashboard_context,
-    operation_view,
-    pretty_json,
-    status_badge,
-    subject_link,
-)
-
-# -- shared ---------------------------------------------------------------------------------------
-
-
-class ReadOnlyAdmin(ScaledChangeList):
-    """Engine rows are written by the services only: nobody adds, edits or deletes them here.
-
-    Their lists count, sort and search through indexes only (``admin_paging``).
-    """
-
-    class Media:
-        css = {"all": ("pgbus_workflows/admin.css",)}
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
-        # Fields shown through a display method (JSON in <pre>) are excluded in their raw form.
-        hidden = set(self.exclude or ())
-        return [f.name for f in self.opts.fields if f.name not in hidden] + list(self.readonly_fields)
-
-    @admin.display(description=_("run"), ordering="run")
-    def run_link(self, obj: Any) -> SafeString:
-        """The attempt's, event's or signal's run, linked to its page."""
-        url = change_url(self.admin_site.name, "workflowrun", obj.run_id)
-        return format_html('<a href="{}">{} {}</a>', url, obj.run.workflow_class, str(obj.run.workflow_id)[:8])
-
-
-# -- runs ----------------------------------------------------------------------------------------
-
 
 #: The run page's header, all read-only.
 RUN_FIELDS: tuple[str, ...] = ("workflow_id", "workflow_class", "subject", "coloured_status", "current_step")
@@ -92,7 +44,7 @@ RUN_READONLY += ("rerun_of_link", "schedule_link")
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(ReadOnlyAdmin):
+class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
     """Runs: the changelist, the run page with its timeline, the actions and the dashboard."""
 
     list_display = (
@@ -213,38 +165,6 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     def skip_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
         return bulk_operation(self, request, queryset, "skip")
 
-    def _has(self, request: HttpRequest, permission: str, obj: Model | None) -> bool:
-        """The model permission, or (for object-level backends) the permission on ``obj``."""
-        codename = f"pgbus_workflows.{permission}_workflowrun"
-        return request.user.has_perm(codename) or (obj is not None and request.user.has_perm(codename, obj))
-
-    def has_pause_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        """Pause and resume."""
-        return self._has(request, "pause", obj)
-
-    def has_cancel_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return self._has(request, "cancel", obj)
-
-    def has_rerun_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return self._has(request, "rerun", obj)
-
-    def has_run_now_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return self._has(request, "run_now", obj)
-
-    def has_skip_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        """Skip the current step, and resume at a chosen step."""
-        return self._has(request, "skip", obj)
-
-    def has_signal_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return self._has(request, "signal", obj)
-
-    def may_operate(self, request: HttpRequest, op: Operation, run: WorkflowRun | None = None) -> bool:
-        """Whether the user may run ``op`` (on ``run``): its ``has_<permission>_permission``, and,
-        on a run, the view permission on it too. The menu, the buttons, the forms and the bulk
-        actions all ask this, so overriding one ``has_<x>_permission`` changes all of them."""
-        allowed = getattr(self, f"has_{op.permission}_permission")(request, run)
-        return bool(allowed) and (run is None or self.has_view_permission(request, run))
-
     # views
 
     def get_urls(self) -> list[URLPattern]:
@@ -292,116 +212,3 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/pgbus_workflows/dashboard.html", context)
-
-
-# -- attempts, events, signals, dispatchers ------------------------------------------------------
-
-
-@admin.register(WorkflowStep)
-class WorkflowStepAdmin(ReadOnlyAdmin):
-    """Step attempts; a run's page links here filtered by run (``?run__id__exact=``)."""
-
-    list_display = (
-        "id",
-        "run_link",
-        "step_name",
-        "attempt",
-        "coloured_status",
-        "outcome",
-        "queue",
-        "scheduled_at",
-        "finished_at",
-        "error_class",
-    )
-    list_filter = (StepClassFilter, "status", FinishedWithinFilter)
-    sortable_by = ("id",)
-    search_fields = ("run__workflow_id",)
-    list_select_related = ("run",)
-    readonly_fields = ("output_json", "traceback_text")
-    exclude = ("output", "traceback")
-
-    @admin.display(description=_("status"), ordering="status")
-    def coloured_status(self, step: WorkflowStep) -> SafeString:
-        return status_badge(step.status, step.get_status_display())
-
-    @admin.display(description=_("output"))
-    def output_json(self, step: WorkflowStep) -> SafeString:
-        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(step.output))
-
-    @admin.display(description=_("traceback"))
-    def traceback_text(self, step: WorkflowStep) -> SafeString:
-        return format_html('<pre class="pgbus-json">{}</pre>', step.traceback or "-")
-
-
-@admin.register(WorkflowEvent)
-class WorkflowEventAdmin(ReadOnlyAdmin):
-    """The audit trail: every transition and every operator verb, with its actor and reason."""
-
-    list_display = ("id", "created_at", "run_link", "kind", "actor", "reason", "from_status", "to_status")
-    list_filter = (EventKindFilter,)
-    sortable_by = ("id",)
-    search_fields = ("run__workflow_id",)
-    list_select_related = ("run",)
-    readonly_fields = ("details_json",)
-    exclude = ("details",)
-
-    @admin.display(description=_("details"))
-    def details_json(self, event: WorkflowEvent) -> SafeString:
-        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(event.details))
-
-
-@admin.register(WorkflowSignal)
-class WorkflowSignalAdmin(ReadOnlyAdmin):
-    """Signals delivered to runs, pending until a step consumes them."""
-
-    list_display = ("id", "received_at", "run_link", "name", "coloured_status", "actor", "idempotency_key")
-    list_filter = ("status",)
-    sortable_by = ("id",)
-    search_fields = ("run__workflow_id",)
-    list_select_related = ("run",)
-    readonly_fields = ("payload_json",)
-    exclude = ("payload",)
-
-    @admin.display(description=_("status"), ordering="status")
-    def coloured_status(self, signal: WorkflowSignal) -> SafeString:
-        return status_badge(signal.status, signal.get_status_display())
-
-    @admin.display(description=_("payload"))
-    def payload_json(self, signal: WorkflowSignal) -> SafeString:
-        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(signal.payload))
-
-
-@admin.register(Dispatcher)
-class DispatcherAdmin(ReadOnlyAdmin):
-    """The dispatcher processes that heartbeat (dead ones are forgotten by the sweep)."""
-
-    list_display = ("name", "hostname", "pid", "queues", "concurrency", "workers_alive", "started_at", "heartbeat_at")
-
-
-@admin.register(FanOutJob)
-class FanOutJobAdmin(ReadOnlyAdmin):
-    """Fan-out jobs; a run's timeline links here filtered by step (``?step__id__exact=``)."""
-
-    list_display = ("id", "run_link", "step", "index", "function", "coloured_status", "attempts", "finished_at")
-    list_filter = ("status",)
-    sortable_by = ("id",)
-    search_fields = ("run__workflow_id",)
-    list_select_related = ("run", "step")
-    readonly_fields = ("arguments_json", "result_json")
-    exclude = ("arguments", "result")
-
-    @admin.display(description=_("status"), ordering="status")
-    def coloured_status(self, job: FanOutJob) -> SafeString:
-        return status_badge(job.status, job.get_status_display())
-
-    @admin.display(description=_("arguments"))
-    def arguments_json(self, job: FanOutJob) -> SafeString:
-        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.arguments))
-
-    @admin.display(description=_("result"))
-    def result_json(self, job: FanOutJob) -> SafeString:
-        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.result))
-
-
-# Registers the schedules' admin (a module of its own) with this one.
-from . import schedules  # noqa: E402, F401

@@ -37,8 +37,8 @@ from ..models import WorkflowSchedule
 from ..registry import registry
 from ..schedules import MAX_EVERY, Schedule
 from ..services import schedules as verbs
+from .display import change_url, changelist_url, status_badge
 from .forms import ReasonForm
-from .views import change_url, changelist_url, status_badge
 
 #: verb -> (the permission it needs, its button, what the message says it did).
 SCHEDULE_OPERATIONS: dict[str, tuple[str, Any, Any]] = {

@@ -11,7 +11,7 @@ and the view permission on that very run, object-level backends included. That i
 method the admin's buttons, forms and bulk actions ask, so a subclass that overrides one
 governs the terminal too. The events record their username, as the admin does.
 
-Verbs go through ``admin_operations.perform``: the same call, with the same data, as the admin's.
+Verbs go through ``admin.operations.perform``: the same call, with the same data, as the admin's.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from django.core.management.base import CommandError
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
-from ..admin.operations import Operation, perform
+from ..admin.operations import Operation, may_view, perform
 from ..admin.runs import WorkflowRunAdmin
-from ..admin.views import may_view
 from ..exceptions import WorkflowError
 from ..models import WorkflowRun, WorkflowSignal
 from ..services.ledger import MAX_ACTOR_LENGTH

@@ -1,0 +1,157 @@
+"""The engine's rows in the operator console, read only: attempts, events, signals, dispatchers, jobs.
+
+``ReadOnlyAdmin`` is the base of every engine row's admin (the runs' too): nobody adds,
+edits or deletes a row here, since only the services write them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Model
+from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowSignal, WorkflowStep
+from .display import change_url, pretty_json, status_badge
+from .filters import EventKindFilter, FinishedWithinFilter, StepClassFilter
+from .paging import ScaledChangeList
+
+
+class ReadOnlyAdmin(ScaledChangeList):
+    """Engine rows are written by the services only: nobody adds, edits or deletes them here.
+
+    Their lists count, sort and search through indexes only (``admin.paging``).
+    """
+
+    class Media:
+        css = {"all": ("pgbus_workflows/admin.css",)}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+        # Fields shown through a display method (JSON in <pre>) are excluded in their raw form.
+        hidden = set(self.exclude or ())
+        return [f.name for f in self.opts.fields if f.name not in hidden] + list(self.readonly_fields)
+
+    @admin.display(description=_("run"), ordering="run")
+    def run_link(self, obj: Any) -> SafeString:
+        """The attempt's, event's or signal's run, linked to its page."""
+        url = change_url(self.admin_site.name, "workflowrun", obj.run_id)
+        return format_html('<a href="{}">{} {}</a>', url, obj.run.workflow_class, str(obj.run.workflow_id)[:8])
+
+
+@admin.register(WorkflowStep)
+class WorkflowStepAdmin(ReadOnlyAdmin):
+    """Step attempts; a run's page links here filtered by run (``?run__id__exact=``)."""
+
+    list_display = (
+        "id",
+        "run_link",
+        "step_name",
+        "attempt",
+        "coloured_status",
+        "outcome",
+        "queue",
+        "scheduled_at",
+        "finished_at",
+        "error_class",
+    )
+    list_filter = (StepClassFilter, "status", FinishedWithinFilter)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
+    list_select_related = ("run",)
+    readonly_fields = ("output_json", "traceback_text")
+    exclude = ("output", "traceback")
+
+    @admin.display(description=_("status"), ordering="status")
+    def coloured_status(self, step: WorkflowStep) -> SafeString:
+        return status_badge(step.status, step.get_status_display())
+
+    @admin.display(description=_("output"))
+    def output_json(self, step: WorkflowStep) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(step.output))
+
+    @admin.display(description=_("traceback"))
+    def traceback_text(self, step: WorkflowStep) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', step.traceback or "-")
+
+
+@admin.register(WorkflowEvent)
+class WorkflowEventAdmin(ReadOnlyAdmin):
+    """The audit trail: every transition and every operator verb, with its actor and reason."""
+
+    list_display = ("id", "created_at", "run_link", "kind", "actor", "reason", "from_status", "to_status")
+    list_filter = (EventKindFilter,)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
+    list_select_related = ("run",)
+    readonly_fields = ("details_json",)
+    exclude = ("details",)
+
+    @admin.display(description=_("details"))
+    def details_json(self, event: WorkflowEvent) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(event.details))
+
+
+@admin.register(WorkflowSignal)
+class WorkflowSignalAdmin(ReadOnlyAdmin):
+    """Signals delivered to runs, pending until a step consumes them."""
+
+    list_display = ("id", "received_at", "run_link", "name", "coloured_status", "actor", "idempotency_key")
+    list_filter = ("status",)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
+    list_select_related = ("run",)
+    readonly_fields = ("payload_json",)
+    exclude = ("payload",)
+
+    @admin.display(description=_("status"), ordering="status")
+    def coloured_status(self, signal: WorkflowSignal) -> SafeString:
+        return status_badge(signal.status, signal.get_status_display())
+
+    @admin.display(description=_("payload"))
+    def payload_json(self, signal: WorkflowSignal) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(signal.payload))
+
+
+@admin.register(Dispatcher)
+class DispatcherAdmin(ReadOnlyAdmin):
+    """The dispatcher processes that heartbeat (dead ones are forgotten by the sweep)."""
+
+    list_display = ("name", "hostname", "pid", "queues", "concurrency", "workers_alive", "started_at", "heartbeat_at")
+
+
+@admin.register(FanOutJob)
+class FanOutJobAdmin(ReadOnlyAdmin):
+    """Fan-out jobs; a run's timeline links here filtered by step (``?step__id__exact=``)."""
+
+    list_display = ("id", "run_link", "step", "index", "function", "coloured_status", "attempts", "finished_at")
+    list_filter = ("status",)
+    sortable_by = ("id",)
+    search_fields = ("run__workflow_id",)
+    list_select_related = ("run", "step")
+    readonly_fields = ("arguments_json", "result_json")
+    exclude = ("arguments", "result")
+
+    @admin.display(description=_("status"), ordering="status")
+    def coloured_status(self, job: FanOutJob) -> SafeString:
+        return status_badge(job.status, job.get_status_display())
+
+    @admin.display(description=_("arguments"))
+    def arguments_json(self, job: FanOutJob) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.arguments))
+
+    @admin.display(description=_("result"))
+    def result_json(self, job: FanOutJob) -> SafeString:
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.result))

@@ -32,7 +32,7 @@ PACKAGE = Path(sql.__file__).resolve().parent.parent
 #: Modules allowed SQL of their own, and why.
 OWN_SQL = {
     "schema.py": "DDL that migrations run (indexes, constraints), composed with psycopg.sql identifiers",
-    "dispatcher/process.py": "LISTEN on a channel: an identifier, composed with psycopg.sql (no parameter can name it)",
+    "dispatcher/listener.py": "LISTEN on a channel: an identifier, composed with psycopg.sql (no parameter names it)",
 }
 
 

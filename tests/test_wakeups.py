@@ -189,7 +189,7 @@ def test_a_follower_reads_what_comes_during_its_delay_in_one_go_and_wakes_its_lo
     dispatcher = WorkflowDispatcher(concurrency=1, schedules=False)
     dispatcher.wakeups.first, dispatcher.wakeups.delay = False, FOLLOW_MAX  # the 40 below take far less
     dispatcher._wake.close()
-    wake = dispatcher._wake = _CountedWake()
+    wake = dispatcher._wake = dispatcher.listener.wake = _CountedWake()
     channel, group = settings.NOTIFY_CHANNEL, dispatchers_channel()
     with (
         psycopg.connect(**connection_params(), autocommit=True) as conn,
@@ -198,7 +198,7 @@ def test_a_follower_reads_what_comes_during_its_delay_in_one_go_and_wakes_its_lo
         for name in (channel, group):
             conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(name)))
         listener = _CountedListener(conn)
-        thread = threading.Thread(target=dispatcher._hear, args=(listener, group))
+        thread = threading.Thread(target=dispatcher.listener.hear, args=(listener, group))
         thread.start()
         try:
             for _ in range(40):  # 40 starts, one every 5 ms: all within the follower's delay

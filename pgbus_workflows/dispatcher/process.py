@@ -2,8 +2,8 @@
 
 The main thread registers a ``Dispatcher`` row and heartbeats it, claims up to the free
 worker slots in one query, hands the claimed work to the worker pool (``workers.py``: threads
-with a database connection each), and runs the sweep when it is due. A listener thread LISTENs on
-``NOTIFY_CHANNEL`` and wakes the main thread; a timer set to the earliest future
+with a database connection each), and runs the sweep when it is due. A listener thread (``listener.py``)
+LISTENs on ``NOTIFY_CHANNEL`` and wakes the main thread; a timer set to the earliest future
 ``scheduled_at`` and a poll every ``POLL_INTERVAL`` are the fallbacks.
 
 What a step does lives in ``services.executor``; this module is only the loop.
@@ -24,9 +24,7 @@ from functools import partial
 from types import FrameType
 from typing import Any
 
-import psycopg
 from django.db import InterfaceError, OperationalError, connection
-from psycopg import sql as psql
 
 from .. import clock, sql
 from ..conf import settings
@@ -35,12 +33,12 @@ from ..migrated import require_migrated
 from ..models import Dispatcher, FanOutJob, WorkflowStep
 from ..services import fanout, fanout_recovery
 from ..services.claims import claim_and_look_ahead, stall
-from ..session import connection_params, probe_listen
 from ..states import StepStatus
+from .listener import Listener
 from .scheduler import ScheduleLeader
 from .sweep import Sweeper
 from .waker import Waker, stop_signals
-from .wakeups import Wakeups, announce, dispatchers_channel
+from .wakeups import Wakeups, announce
 from .workers import WorkerPool
 
 logger = logging.getLogger("pgbus_workflows")
@@ -99,6 +97,8 @@ class WorkflowDispatcher:
         )
         self._swept = False
         self._threads: dict[str, threading.Thread] = {}
+        #: The LISTEN thread: wakes the loop on a NOTIFY for a served queue (``listener``).
+        self.listener = Listener(self.queues, self.wakeups, self._stopping, self._wake, self._regroup)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -128,7 +128,7 @@ class WorkflowDispatcher:
                 every = settings.SWEEP_INTERVAL.total_seconds()
                 self._start_thread("pgbus-sweep", partial(self._every, "Sweep", every, self.sweeper.run))
             if sql.postgresql() and not self.sweep_only:
-                self._start_thread("pgbus-listener", self._listen)
+                self._start_thread("pgbus-listener", self.listener.run)
             if self.schedule_leader is not None:
                 self._start_thread("pgbus-schedules", self.schedule_leader.run)
         try:
@@ -338,67 +338,6 @@ class WorkflowDispatcher:
                 logger.warning("Recovered %d step(s) claimed before the connection dropped", recovered)
         except DB_ERRORS:
             connection.close()
-
-    # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
-
-    def _listen(self) -> None:
-        """Wake the main thread on every NOTIFY for a served queue; reconnect with backoff."""
-
-        backoff = 0.5
-        channel, group = settings.NOTIFY_CHANNEL, dispatchers_channel()
-        probed = False
-        while not self._stopping.is_set():
-            try:
-                with psycopg.connect(**connection_params(), autocommit=True) as conn:
-                    for name in (channel, group):
-                        conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(name)))
-                    if not probed:
-                        probed = True
-                        if probe_listen(conn, channel):
-                            if settings.PREPARED_STATEMENTS:  # a session of our own: they are safe
-                                sql.prepare_statements(conn)
-                        else:
-                            logger.warning(
-                                "LISTEN on %s does not receive notifications (a connection pool in "
-                                "transaction mode?): wake-ups fall back to the poll every POLL_INTERVAL. "
-                                "Point dispatchers at PostgreSQL directly or at a session-mode pool.",
-                                channel,
-                            )
-                    self._wake.set()  # anything sent while we were away
-                    self._regroup.set()
-                    backoff = 0.5
-                    self._hear(conn, group)
-            except psycopg.Error as error:
-                logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", str(error).strip(), backoff)
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-
-    def _hear(self, conn: psycopg.Connection[Any], group: str) -> None:
-        """Wake the main thread for each NOTIFY of a served queue: at once, or a follower's moment later.
-
-        Once a follower's wake-up is set, what arrives before it is due would not move it: the
-        thread sleeps until then and reads all that came in one go rather than waking for each
-        (a trickle of runs sends one a start, to every dispatcher).
-        """
-        deferred: float | None = None  # when a follower's deferred wake-up is due (time.monotonic())
-        while not self._stopping.is_set():
-            if deferred is None:
-                notes = conn.notifies(timeout=1.0, stop_after=1)
-            else:
-                self._stopping.wait(max(deferred - time.monotonic(), 0.0))
-                notes = conn.notifies(timeout=0.0)  # what came meanwhile, without waiting
-            for note in notes:
-                if note.channel == group:
-                    self._regroup.set()
-                elif self.queues is None or note.payload in self.queues:
-                    delay = self.wakeups.deferral()
-                    if not delay:
-                        self._wake.set()
-                    elif deferred is None:
-                        deferred = time.monotonic() + delay
-            if deferred is not None and time.monotonic() >= deferred:
-                deferred = None
-                self._wake.set()
 
 
 def _flush_logs() -> None:

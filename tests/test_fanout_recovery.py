@@ -230,3 +230,28 @@ def test_a_pass_resolves_at_most_a_batch():
         assert resolve_lost_fan_outs(timezone.now()) == 2
         assert resolve_lost_fan_outs(timezone.now()) == 1
     assert not WorkflowStep.objects.filter(status="waiting").exists()
+
+
+def test_an_end_whose_transaction_claims_a_job_of_the_same_fan_out_does_not_look_for_unfinished_jobs(monkeypatch):
+    from pgbus_workflows.services.body import Chain
+
+    _, step = parked(count=3)
+    looks = []
+    real_unfinished = fanout.unfinished
+    monkeypatch.setattr(fanout, "unfinished", lambda step_pk: looks.append(step_pk) or real_unfinished(step_pk))
+    chain = Chain(claimed_by="test")
+    (job,) = claim_due_jobs(1, claimed_by="test")
+
+    # Each end claims the next job of the fan-out in its own transaction: that job's end will look.
+    assert execute_job(job, chain=chain) == "succeeded"
+    assert looks == []
+    (second,) = chain.take()
+    assert execute_job(second, chain=chain) == "succeeded"
+    assert looks == []
+
+    # The last end claims nothing of it: it looks, in its transaction, and resolves the fan-out there.
+    (last,) = chain.take()
+    assert execute_job(last, chain=chain) == "succeeded"
+    assert looks and set(looks) == {step.pk}
+    assert WorkflowStep.objects.get(pk=step.pk).status == "completed"
+    assert chain.take() == []

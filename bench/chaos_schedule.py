@@ -16,7 +16,7 @@ SECOND = timedelta(seconds=1)
 
 def add() -> Any:
     """Add the schedule (a ``Ticked`` run per second); returns its row."""
-    from pgbus_workflows import clock
+    from pgbus_workflows.sql import clock
     from tests.testapp.workflows import Ticked
 
     return Ticked.add_schedule(every=SECOND, name="chaos every second", overlap="allow", catchup="all",

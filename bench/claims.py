@@ -53,9 +53,9 @@ def old_claim(limit: int) -> list[Any]:
     """The claim before dispatchers filtered by their code: the same query without names or filter."""
     from django.db import connection, transaction
 
-    from pgbus_workflows import clock
     from pgbus_workflows.models import WorkflowRun, WorkflowStep
     from pgbus_workflows.services import claims
+    from pgbus_workflows.sql import clock
 
     now = clock.now()
     sql = f"""

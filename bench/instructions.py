@@ -43,8 +43,8 @@ def work(mode: str, runs: int) -> None:
     import django
 
     django.setup()
-    from pgbus_workflows import clock
     from pgbus_workflows.models import WorkflowRun
+    from pgbus_workflows.sql import clock
     from tests.testapp.workflows import NoOp3
 
     if mode == "orm":

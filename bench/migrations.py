@@ -94,7 +94,7 @@ class Probe:
     def _connect(self) -> Any:
         import psycopg
 
-        from pgbus_workflows.session import connection_params
+        from pgbus_workflows.sql.session import connection_params
 
         return psycopg.connect(**connection_params(), autocommit=True)
 

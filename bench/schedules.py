@@ -35,9 +35,9 @@ def insert_schedules(count: int) -> None:
     """``count`` hourly schedules of :data:`WORKFLOW`, all due now: their tick is this hour's (one statement)."""
     from django.db import connection
 
-    from pgbus_workflows import clock
     from pgbus_workflows.models import WorkflowSchedule
     from pgbus_workflows.schedules import latest_tick
+    from pgbus_workflows.sql import clock
 
     due = latest_tick("", HOUR, "UTC", clock.now())
     with connection.cursor() as cursor:
@@ -56,8 +56,8 @@ def insert_schedules(count: int) -> None:
 
 def fire_all(count: int) -> tuple[float, int]:
     """Seconds to fire every due tick, and how many runs started (each schedule's one tick)."""
-    from pgbus_workflows import clock
     from pgbus_workflows.services.firing import fire_due
+    from pgbus_workflows.sql import clock
 
     now = clock.now()
     began = time.perf_counter()

@@ -16,12 +16,12 @@ from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections
 from django.db.models import Count
 
-from . import clock
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration, settings
 from .exceptions import ConfigurationError
 from .jobs import resolve_job
 from .models import Dispatcher, FanOutJob, JobStatus
 from .services.children import CHILD_PREFIX
+from .sql import clock
 
 _POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE", "MAX_CHILD_DEPTH")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")

@@ -18,11 +18,10 @@ from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections
 from django.db.models import Count
 
-from . import clock
 from .conf import settings
 from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSchedule, WorkflowSignal, WorkflowStep
 from .registry import registry
-from .sql import functions
+from .sql import clock, functions
 from .states import ACTIVE_STEP, ONGOING_RUN, RunStatus, StepStatus
 
 

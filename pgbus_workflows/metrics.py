@@ -39,10 +39,11 @@ except ImportError as error:
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 
-from . import clock, signals
+from . import signals
 from .conf import settings
 from .models import Dispatcher
 from .services.stuck import gauge
+from .sql import clock
 
 #: Seconds buckets of the step durations: a 5 ms body to an hour-long one.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from . import clock
 from .exceptions import StepWaiting, TestHelperError
 from .models import FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .services import fanout, operator
@@ -38,6 +37,7 @@ from .services.firing import fire_due, next_due_at
 from .services.locks import locked_run
 from .services.schedules import sync_declared
 from .services.waiting import fire_timeout, waiting_step
+from .sql import clock
 from .states import RunStatus, StepStatus
 from .workflow import Workflow
 

@@ -235,8 +235,8 @@ def test_the_filters_and_searches_still_find_their_rows(admin_client, history):
 
 
 def test_the_gauge_reads_the_runs_through_indexes(history):
-    from pgbus_workflows import clock
     from pgbus_workflows.services.stuck import gauge
+    from pgbus_workflows.sql import clock
 
     with CaptureQueriesContext(connection) as captured:
         data = gauge(clock.now())

@@ -15,10 +15,10 @@ from django.db import connection
 from django.db.models.functions import Length
 from django.urls import reverse
 
-from pgbus_workflows import clock
 from pgbus_workflows.admin.paging import DEEPEST_PAGE, EstimatedCountPaginator, count_label
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.services.stuck import GAUGE_EXACT_UP_TO, gauge
+from pgbus_workflows.sql import clock
 from pgbus_workflows.sql.counting import EXACT_UP_TO, distinct_values, estimated_count
 from tests.test_cli import paused_on_error, ready
 

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from pgbus_workflows import Job, Workflow, fan_out, rows, step
+from pgbus_workflows import Job, Workflow, fan_out, step
 from pgbus_workflows.checks import check_settings
 from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
@@ -24,6 +24,7 @@ from pgbus_workflows.services import outcome as outcome_module
 from pgbus_workflows.services.claims import claim_due_steps, still_in_progress
 from pgbus_workflows.services.executor import Chain, apply_outcomes, execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, record_job_ends, run_job
+from pgbus_workflows.sql import rows
 from tests.procs import eventually
 from tests.testapp.jobs import fail_on, nothing
 from tests.testapp.models import SideEffect

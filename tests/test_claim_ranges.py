@@ -13,12 +13,12 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from pgbus_workflows import clock
 from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.fanout import claim_due_jobs
-from pgbus_workflows.session import connection_params
+from pgbus_workflows.sql import clock
+from pgbus_workflows.sql.session import connection_params
 from tests.test_query_plans import claim_statement
 from tests.testapp.workflows import NoOp3, Squares
 

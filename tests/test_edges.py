@@ -108,7 +108,7 @@ def test_a_step_name_or_signal_name_longer_than_the_columns_is_refused_when_the_
 
 
 def test_the_sweep_lock_is_free_as_soon_as_it_is_released():
-    from pgbus_workflows.session import TransactionLock
+    from pgbus_workflows.sql.session import TransactionLock
 
     first, second = TransactionLock(0x7067627574), TransactionLock(0x7067627574)
     for _ in range(50):

@@ -16,7 +16,7 @@ from django.db import OperationalError, connection
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
-from pgbus_workflows import ConfigurationError, Job, OnException, Workflow, clock, fan_out, step
+from pgbus_workflows import ConfigurationError, Job, OnException, Workflow, fan_out, step
 from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.exceptions import FanOutFailed, StepWaiting, TestHelperError
@@ -33,6 +33,7 @@ from pgbus_workflows.services.fanout import (
     resolve_if_done,
 )
 from pgbus_workflows.services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
+from pgbus_workflows.sql import clock
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import events_of, kinds, run_next
 from tests.testapp import jobs as job_module
@@ -479,7 +480,7 @@ def test_the_jobs_are_written_in_the_transaction_that_parks_the_step(monkeypatch
     def broken_flush(batch, channel):
         raise RuntimeError("the database went away at commit")
 
-    monkeypatch.setattr("pgbus_workflows.bulk.WriteBatch.send", broken_flush)
+    monkeypatch.setattr("pgbus_workflows.sql.bulk.WriteBatch.send", broken_flush)
     with pytest.raises(RuntimeError, match="went away"):
         execute_step(claimed)
 

@@ -18,7 +18,6 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from pgbus_workflows import clock
 from pgbus_workflows.dispatcher import sweep
 from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.dispatcher.workers import WorkerPool
@@ -32,6 +31,7 @@ from pgbus_workflows.services.fanout import claim_due_jobs, execute_job, record_
 from pgbus_workflows.services.locks import RunLocked
 from pgbus_workflows.services.payload import storable_text
 from pgbus_workflows.services.retention import delete_expired_runs
+from pgbus_workflows.sql import clock
 from tests.faultproxy import CommitAnswerLost
 from tests.testapp import fault_workflows as faults
 from tests.testapp.models import Receipt, SideEffect

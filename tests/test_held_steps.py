@@ -16,12 +16,13 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from pgbus_workflows import InvalidTransition, clock
+from pgbus_workflows import InvalidTransition
 from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step, perform_step, run_due_steps
+from pgbus_workflows.sql import clock
 from pgbus_workflows.sql.statements import INDEX_PLANS
 from pgbus_workflows.states import ACTIVE_STEP
 from tests.test_claim_ranges import MORE_PAGES, pages_read, vacuum

@@ -13,10 +13,11 @@ import pytest
 from django.test import TestCase, override_settings
 from prometheus_client import REGISTRY, generate_latest
 
-from pgbus_workflows import clock, metrics
+from pgbus_workflows import metrics
 from pgbus_workflows.dispatcher.sweep import stall_overdue_steps
 from pgbus_workflows.models import Dispatcher, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.sql import clock
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.exposition import samples, value
 from tests.procs import ROOT, database_url

@@ -14,10 +14,11 @@ from django.test import TestCase, override_settings
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgbus_workflows import clock, metrics, tracing
+from pgbus_workflows import metrics, tracing
 from pgbus_workflows.models import Dispatcher
 from pgbus_workflows.services.outcome import OUTCOME_KINDS
 from pgbus_workflows.services.stuck import STUCK_REASONS
+from pgbus_workflows.sql import clock
 from pgbus_workflows.states import StepOutcomeKind
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import ROOT

@@ -23,7 +23,7 @@ from django.test.utils import CaptureQueriesContext
 
 from pgbus_workflows.dispatcher.sweep import SWEEP_LOCK_KEY
 from pgbus_workflows.models import WorkflowStep
-from pgbus_workflows.session import TransactionLock, connection_params, probe_listen
+from pgbus_workflows.sql.session import TransactionLock, connection_params, probe_listen
 from tests.procs import DispatcherProcess, eventually
 from tests.testapp.workflows import NoOp3
 

@@ -12,8 +12,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from pgbus_workflows import session
 from pgbus_workflows.models import WorkflowRun
+from pgbus_workflows.sql import session
 from tests.support import run_next
 from tests.testapp.child_workflows import Waiter
 from tests.threads import Worker

@@ -164,7 +164,7 @@ def test_a_migration_step_gives_up_on_a_lock_rather_than_queueing_behind_a_long_
     import psycopg
     from django.db import OperationalError
 
-    from pgbus_workflows.session import connection_params
+    from pgbus_workflows.sql.session import connection_params
 
     monkeypatch.setattr(schema, "LOCK_TIMEOUT", "200ms")  # the 10 s of a real migration, shortened
     with connection.schema_editor(atomic=False) as editor:

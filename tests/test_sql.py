@@ -14,7 +14,7 @@ from django.apps import apps
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from pgbus_workflows import bulk, sql
+from pgbus_workflows import sql
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
 from pgbus_workflows.services.body import Chain
@@ -22,6 +22,7 @@ from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
 from pgbus_workflows.services.transactions import commit_once
+from pgbus_workflows.sql import bulk
 from pgbus_workflows.sql.statements import BUILDERS
 from tests.support import round_trips, statements_sent
 from tests.testapp.workflows import Counted, Squares

@@ -20,13 +20,12 @@ from pgbus_workflows import (
     PayloadTooLarge,
     Workflow,
     WorkflowError,
-    clock,
     removed_step,
     step,
 )
 from pgbus_workflows import signals as wf_signals
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.sql import functions
+from pgbus_workflows.sql import clock, functions
 from tests.testapp.models import Order
 
 

@@ -16,8 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from pgbus_workflows import AlreadyRunning, Workflow, sql, step
 from pgbus_workflows.conf import settings
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.session import connection_params
 from pgbus_workflows.sql import functions
+from pgbus_workflows.sql.session import connection_params
 from tests.testapp.models import Order
 
 

@@ -4,9 +4,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from pgbus_workflows import AlreadyRunning, IdempotencyConflict, PayloadNotSerializable, Workflow, clock, step
+from pgbus_workflows import AlreadyRunning, IdempotencyConflict, PayloadNotSerializable, Workflow, step
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.executor import run_due_steps
+from pgbus_workflows.sql import clock
 from tests.testapp.models import Order
 
 

@@ -20,7 +20,7 @@ from pgbus_workflows.dispatcher import WorkflowDispatcher
 from pgbus_workflows.dispatcher.wakeups import FOLLOW_MAX, FOLLOW_MIN, Wakeups, dispatchers_channel
 from pgbus_workflows.models import Dispatcher, WorkflowStep
 from pgbus_workflows.services.claims import claim_and_look_ahead
-from pgbus_workflows.session import connection_params
+from pgbus_workflows.sql.session import connection_params
 from tests.procs import DispatcherProcess, eventually
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import NoOp3, Slow

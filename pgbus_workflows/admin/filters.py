@@ -16,10 +16,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .. import clock
 from ..models import NOTABLE_EVENT_KINDS, WorkflowRun
 from ..registry import registry
 from ..services.stuck import STUCK_REASONS, stuck_querysets
+from ..sql import clock
 from ..sql.counting import distinct_values
 from ..states import RunStatus
 

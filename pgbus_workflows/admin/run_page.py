@@ -23,9 +23,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from .. import clock
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.children import CHILD_PREFIX
+from ..sql import clock
 from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
 from .display import change_url, changelist_url, format_duration, pretty_json, status_badge
 from .operations import OPERATIONS, OperatedAdmin, allowed_verbs, may_view

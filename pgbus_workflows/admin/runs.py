@@ -24,8 +24,8 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
-from .. import clock
 from ..models import WorkflowRun, WorkflowStep
+from ..sql import clock
 from ..sql.counting import distinct_values
 from .dashboard import dashboard_context
 from .display import change_url, pretty_json, status_badge, subject_link

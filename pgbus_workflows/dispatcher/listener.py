@@ -19,7 +19,7 @@ from psycopg import sql as psql
 
 from .. import sql
 from ..conf import settings
-from ..session import connection_params, probe_listen
+from ..sql.session import connection_params, probe_listen
 from .waker import Waker
 from .wakeups import Wakeups, dispatchers_channel
 

@@ -26,13 +26,14 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection
 
-from .. import clock, sql
+from .. import sql
 from ..conf import settings
 from ..deploy import catalog
 from ..migrated import require_migrated
 from ..models import Dispatcher, FanOutJob, WorkflowStep
 from ..services import fanout, fanout_recovery
 from ..services.claims import claim_and_look_ahead, stall
+from ..sql import clock
 from ..states import StepStatus
 from .listener import Listener
 from .scheduler import ScheduleLeader

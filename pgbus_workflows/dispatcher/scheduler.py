@@ -24,10 +24,11 @@ import threading
 
 from django.db import InterfaceError, OperationalError, connection
 
-from .. import clock, sql
+from .. import sql
 from ..services.firing import fire_due, next_due_at
 from ..services.schedules import sync_declared
-from ..session import TransactionLock
+from ..sql import clock
+from ..sql.session import TransactionLock
 
 logger = logging.getLogger("pgbus_workflows")
 

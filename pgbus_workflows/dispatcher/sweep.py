@@ -41,7 +41,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from .. import clock, signals, sql
+from .. import signals, sql
 from ..conf import settings
 from ..models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from ..services.claims import stall
@@ -53,7 +53,8 @@ from ..services.retention import delete_expired_runs
 from ..services.schedules import delete_expired_schedule_events
 from ..services.stuck import gauge
 from ..services.waiting import expire_due_waits
-from ..session import TransactionLock
+from ..sql import clock
+from ..sql.session import TransactionLock
 from ..states import StepStatus
 
 logger = logging.getLogger("pgbus_workflows")

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 
-from .. import clock, sql
+from .. import sql
 from ..conf import settings
 from ..deploy import catalog
 from ..models import Dispatcher
+from ..sql import clock
 
 logger = logging.getLogger("pgbus_workflows")
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
-from .. import clock
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.fanout import progress
 from ..services.stuck import STUCK_REASONS, stuck_querysets
+from ..sql import clock
 from ..sql.counting import distinct_values
 from ..states import SignalStatus
 

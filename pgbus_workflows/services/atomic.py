@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, IntegrityError, transaction
 
-from .. import clock, sql
+from .. import sql
 from ..conf import settings
 from ..context import StepContext
 from ..models import WorkflowStep
+from ..sql import clock
 from ..states import StepStatus
 from .applying import apply_instead
 from .body import Chain, log_outcome, run_body

@@ -13,10 +13,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import rows
 from ..conf import settings
 from ..exceptions import ChildConflict, ChildDepthExceeded
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..sql import rows
 from ..states import TERMINAL_RUN, JobStatus
 from .ledger import RunLedger
 from .lineage import END_FIELDS, child_end

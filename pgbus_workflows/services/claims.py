@@ -20,10 +20,11 @@ from django.db import transaction
 from django.db.models import Min
 from psycopg.types.json import Jsonb
 
-from .. import clock, rows, signals, sql
+from .. import signals, sql
 from ..conf import settings
 from ..deploy import can_run_step, catalog_json
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from ..sql import clock, rows
 from ..states import JobStatus, RunStatus, StepStatus
 from .ledger import SYSTEM_ACTOR, RunLedger
 from .locks import locked_step, locked_steps

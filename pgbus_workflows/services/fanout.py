@@ -23,13 +23,14 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.dispatch import receiver
 
-from .. import clock, rows, sql
+from .. import sql
 from ..conf import settings
 from ..definitions import resolve_wait
 from ..deploy import can_run_job
 from ..exceptions import FanOutFailed
 from ..jobs import resolve_job
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
+from ..sql import clock, rows
 from ..states import RunStatus, StepStatus, job_event
 from . import waiting
 from .body import Chain

@@ -13,9 +13,9 @@ from functools import partial
 
 from django.db.models import Exists, F, OuterRef, QuerySet
 
-from .. import clock
 from ..conf import settings
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowStep
+from ..sql import clock
 from ..states import RunStatus, StepStatus, job_event
 from .fanout import BATCH_SIZE, finish_attempt, resolve_if_done
 from .isolation import RowFailures

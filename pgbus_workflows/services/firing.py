@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Min
 
-from .. import clock, signals
+from .. import signals
 from ..models import ScheduleEvent, WorkflowRun, WorkflowSchedule
 from ..registry import registry
 from ..schedules import jitter_offset, latest_tick, next_tick
+from ..sql import clock
 from ..states import ScheduleEventKind
 from . import operator
 from .payload import storable_text

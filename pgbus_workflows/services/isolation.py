@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import clock
 from ..models import WorkflowEvent, WorkflowRun
+from ..sql import clock
 from .ledger import SYSTEM_ACTOR
 from .locks import RunLocked
 from .outcome import error_message

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.models import Max
 
-from .. import clock, rows, signals, sql
-from ..bulk import WriteBatch, insert_statement, link
+from .. import signals, sql
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..registry import registry
+from ..sql import clock, rows
+from ..sql.bulk import WriteBatch, insert_statement, link
 from ..states import (
     ACTIVE_STEP,
     TERMINAL_RUN,

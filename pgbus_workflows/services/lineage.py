@@ -16,8 +16,8 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal
 
-from .. import rows
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..sql import rows
 from ..states import JobStatus, RunStatus, StepOutcomeKind
 from .payload import storable_text
 

@@ -13,10 +13,11 @@ from datetime import datetime
 
 from django.db import transaction
 
-from .. import rows, sql
-from ..bulk import WriteBatch
+from .. import sql
 from ..conf import settings
 from ..models import WorkflowRun, WorkflowStep
+from ..sql import rows
+from ..sql.bulk import WriteBatch
 from .ledger import RunLedger, Unit
 from .lineage import settle_after_commit
 

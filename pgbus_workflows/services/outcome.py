@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from .. import rows
 from ..conf import settings
 from ..definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
 from ..exceptions import StepNotDefined, StepStalled
 from ..models import FanOutJob, WorkflowSignal, WorkflowStep
+from ..sql import rows
 from ..states import SIGNAL_EVENTS, RunStatus, StepOutcomeKind, StepStatus
 from .children import open_children
 from .ledger import RunLedger

@@ -23,8 +23,9 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql as pgsql
 
-from .. import session, sql
+from .. import sql
 from ..models import WorkflowRun
+from ..sql import session
 from ..states import TERMINAL_RUN
 from .ledger import ended_channel
 

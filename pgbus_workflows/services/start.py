@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, OperationalError, ProgrammingError, transaction
 from django.db.models import Model
 
-from .. import bulk, clock, rows, signals, sql, tracing
+from .. import signals, sql, tracing
 from ..conf import settings
 from ..definitions import StepDefinition, resolve_wait
 from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
 from ..migrated import explain
 from ..models import WorkflowRun
 from ..registry import registry
+from ..sql import bulk, clock, rows
 from ..states import RunStatus
 from .ledger import RunLedger
 from .payload import encode_payload, subject_reference

@@ -15,9 +15,10 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from .. import clock, signals
+from .. import signals
 from ..exceptions import WaitTimedOut
 from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
+from ..sql import clock
 from ..states import RunStatus, StepStatus, signal_event
 from .isolation import RowFailures
 from .ledger import RunLedger

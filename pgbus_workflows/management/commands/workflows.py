@@ -17,7 +17,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from ... import clock, migrated
+from ... import migrated
 from ...admin.forms import MAX_REASON_LENGTH
 from ...admin.operations import OPERATIONS, allowed_verbs
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
@@ -25,6 +25,7 @@ from ...models import WorkflowEvent, WorkflowSignal, WorkflowStep
 from ...services.payload import encode_payload
 from ...services.signals import check_signal_input
 from ...services.stuck import STUCK_REASONS
+from ...sql import clock
 from ...states import RunStatus
 from ..operating import Operator, Result, operate
 from ..runs import (

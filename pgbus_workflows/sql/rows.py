@@ -18,8 +18,8 @@ from django.db import DEFAULT_DB_ALIAS, ProgrammingError, connection, connection
 from django.db.models import Field, Model
 from django.db.models.base import ModelState
 
-from . import sql
-from .sql import Statement, functions
+from .. import sql
+from ..sql import Statement, functions
 
 M = TypeVar("M", bound=Model)
 N = TypeVar("N", bound=Model)

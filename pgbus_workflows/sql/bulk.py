@@ -20,8 +20,9 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Field, Model
 
-from . import rows, sql
-from .sql import Statement
+from .. import sql
+from ..sql import Statement
+from . import rows
 
 #: Up to this many rows, a statement takes a parameter per value rather than an array per column.
 FEW_ROWS = 8

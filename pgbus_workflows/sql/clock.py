@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from django.db import DatabaseError
 from django.utils import timezone
 
-from . import sql
+from .. import sql
 
 logger = logging.getLogger("pgbus_workflows")
 

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 from django.db import connection
 
-from .sql import statement
+from ..sql import statement
 
 logger = logging.getLogger("pgbus_workflows")
 

@@ -14,7 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .states import (
+from ..states import (
     ACTIVE_STEP,
     ONGOING_RUN,
     TERMINAL_RUN,
@@ -450,7 +450,3 @@ class FanOutJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.function} #{self.index} ({self.status})"
-
-
-# The schedule models live in a module of their own; imported here so Django registers them.
-from .schedule_models import ScheduleEvent, WorkflowSchedule  # noqa: E402, F401

@@ -12,8 +12,8 @@ from django.db.models import Q
 from django.utils.timezone import now
 from django.utils.translation import gettext_lazy as _
 
-from .schedules import CATCHUP_POLICIES, OVERLAP_POLICIES, default_name, describe
-from .states import ScheduleEventKind
+from ..schedules import CATCHUP_POLICIES, OVERLAP_POLICIES, default_name, describe
+from ..states import ScheduleEventKind
 
 
 class WorkflowSchedule(models.Model):

@@ -1,0 +1,57 @@
+"""The rows: runs, step attempts, audit events, signals, fan-out jobs, live dispatchers and schedules.
+
+Models are data and queries only; ``services/`` is the one place that changes them. This
+package's modules split them by role; every name is re-exported here, so
+``pgbus_workflows.models`` stays the one import path (and Django finds every model through it).
+"""
+
+from ..states import (
+    ACTIVE_STEP,
+    ONGOING_RUN,
+    TERMINAL_RUN,
+    JobStatus,
+    RunStatus,
+    SignalStatus,
+    StepOutcomeKind,
+    StepStatus,
+)
+from .runs import (
+    NOTABLE_EVENT_KINDS,
+    UNFINISHED_JOB,
+    UNSUCCESSFUL_JOB,
+    UNSUCCESSFUL_STEP,
+    Dispatcher,
+    FanOutJob,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowRunQuerySet,
+    WorkflowSignal,
+    WorkflowStep,
+    WorkflowStepQuerySet,
+)
+from .schedules import ScheduleEvent, WorkflowSchedule
+
+__all__ = [
+    "ACTIVE_STEP",
+    "NOTABLE_EVENT_KINDS",
+    "ONGOING_RUN",
+    "TERMINAL_RUN",
+    "UNFINISHED_JOB",
+    "UNSUCCESSFUL_JOB",
+    "UNSUCCESSFUL_STEP",
+    "Dispatcher",
+    "FanOutJob",
+    "JobStatus",
+    "RunStatus",
+    "ScheduleEvent",
+    "SignalStatus",
+    "StepOutcomeKind",
+    "StepStatus",
+    "WorkflowEvent",
+    "WorkflowRun",
+    "WorkflowRunQuerySet",
+    "WorkflowSchedule",
+    "WorkflowSignal",
+    "WorkflowStep",
+    "WorkflowStepQuerySet",
+]

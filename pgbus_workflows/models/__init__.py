@@ -1,7 +1,8 @@
 """The rows: runs, step attempts, audit events, signals, fan-out jobs, live dispatchers and schedules.
 
 Models are data and queries only; ``services/`` is the one place that changes them. This
-package's modules split them by role; every name is re-exported here, so
+package's modules split them by role (``runs``: runs and step attempts; ``records``: events,
+signals, fan-out jobs, dispatchers; ``schedules``); every name is re-exported here, so
 ``pgbus_workflows.models`` stays the one import path (and Django finds every model through it).
 """
 
@@ -15,20 +16,16 @@ from ..states import (
     StepOutcomeKind,
     StepStatus,
 )
-from .runs import (
+from .records import (
     NOTABLE_EVENT_KINDS,
     UNFINISHED_JOB,
     UNSUCCESSFUL_JOB,
-    UNSUCCESSFUL_STEP,
     Dispatcher,
     FanOutJob,
     WorkflowEvent,
-    WorkflowRun,
-    WorkflowRunQuerySet,
     WorkflowSignal,
-    WorkflowStep,
-    WorkflowStepQuerySet,
 )
+from .runs import UNSUCCESSFUL_STEP, WorkflowRun, WorkflowRunQuerySet, WorkflowStep, WorkflowStepQuerySet
 from .schedules import ScheduleEvent, WorkflowSchedule
 
 __all__ = [

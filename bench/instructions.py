@@ -61,7 +61,7 @@ def steps_one_at_a_time() -> None:
     """Every due step, as a dispatcher's worker runs them in a trickle: a claim of one step, its
     body, its outcome's transaction, which claims the run's next step (chained)."""
     from pgbus_workflows.services.applying import apply_outcomes
-    from pgbus_workflows.services.body import Chain
+    from pgbus_workflows.services.chain import Chain
     from pgbus_workflows.services.claims import claim_and_look_ahead
     from pgbus_workflows.services.executor import perform_step
 

@@ -233,7 +233,7 @@ def test_a_pass_resolves_at_most_a_batch():
 
 
 def test_an_end_whose_transaction_claims_a_job_of_the_same_fan_out_does_not_look_for_unfinished_jobs(monkeypatch):
-    from pgbus_workflows.services.body import Chain
+    from pgbus_workflows.services.chain import Chain
 
     _, step = parked(count=3)
     looks = []

@@ -24,7 +24,7 @@ from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.exceptions import PayloadNotSerializable
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
-from pgbus_workflows.services.body import Chain
+from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_due_steps, claim_step, stall
 from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job, record_job_ends, run_job

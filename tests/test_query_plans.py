@@ -23,7 +23,7 @@ from psycopg import sql as psql
 from pgbus_workflows import sql
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
-from pgbus_workflows.services.body import Chain
+from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, still_in_progress
 from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from pgbus_workflows import sql
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
-from pgbus_workflows.services.body import Chain
+from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job

@@ -25,7 +25,7 @@ from django.db import connection
 from ..conf import settings
 from ..models import FanOutJob, WorkflowStep
 from ..services.applying import apply_outcomes
-from ..services.body import Chain
+from ..services.chain import Chain
 from ..services.claims import still_in_progress
 from ..services.executor import perform_step
 from ..services.fanout import JobEnd, record_job_ends, run_job

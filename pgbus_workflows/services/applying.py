@@ -8,7 +8,8 @@ from functools import partial
 from typing import Any
 
 from ..models import WorkflowStep
-from .body import Chain, log_outcome
+from .body import log_outcome
+from .chain import Chain
 from .ledger import workflow_class
 from .locks import locked_steps
 from .outcome import StepOutcome, apply_outcome, error_message

@@ -25,7 +25,8 @@ from ..models import WorkflowStep
 from ..sql import clock
 from ..states import StepStatus
 from .applying import apply_instead
-from .body import Chain, log_outcome, run_body
+from .body import log_outcome, run_body
+from .chain import Chain
 from .claims import stall
 from .locks import locked_step
 from .outcome import StepOutcome, apply_outcome, stall_step

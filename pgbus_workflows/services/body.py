@@ -1,15 +1,12 @@
 """Calling a step body: its return, verb or exception becomes exactly one :class:`StepOutcome`.
 
-Also :class:`Chain`, which lets an outcome's transaction claim the next steps for the worker
-that ran the body, and the log line of an attempt that failed.
+Also the log line of an attempt that failed.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection
@@ -17,7 +14,7 @@ from django.db import connection
 from ..context import FlowControl, StepContext
 from ..exceptions import StepNotDefined
 from ..jobs import Child, Job
-from ..models import FanOutJob, WorkflowRun, WorkflowStep
+from ..models import WorkflowRun, WorkflowStep
 from .children import ChildStart, check_depth, child_key
 from .outcome import StepOutcome
 from .payload import encode_payload
@@ -28,30 +25,6 @@ if TYPE_CHECKING:
     from ..workflow import Workflow
 
 logger = logging.getLogger("pgbus_workflows")
-
-
-@dataclass
-class Chain:
-    """Lets the outcomes' transaction claim the next steps for the same worker.
-
-    When an attempt ends and the next step is due at once in a queue this worker serves,
-    it is created already claimed in the same transaction (no claim round trip, no NOTIFY)
-    and left in ``next_steps`` for the worker to run straight away.
-    """
-
-    claimed_by: str
-    queues: frozenset[str] | None = None
-    next_steps: list[WorkflowStep] = field(default_factory=list)
-    #: The fan-out jobs claimed with the ends of the previous ones (services.fanout.record_job_ends).
-    next_jobs: list[FanOutJob] = field(default_factory=list)
-    #: Set when the worker stops taking work (a dispatcher shutting down).
-    stop: threading.Event | None = None
-
-    def take(self) -> list[WorkflowStep | FanOutJob]:
-        """The chained steps and jobs (already claimed), once."""
-        work: list[WorkflowStep | FanOutJob] = [*self.next_steps, *self.next_jobs]
-        self.next_steps, self.next_jobs = [], []
-        return work
 
 
 def run_body(workflow: Workflow, context: StepContext) -> StepOutcome:

@@ -21,7 +21,8 @@ from ..states import StepStatus
 from . import waiting
 from .applying import apply_outcomes
 from .atomic import execute_atomic
-from .body import Chain, run_body
+from .body import run_body
+from .chain import Chain
 from .claims import claim_due_steps, still_in_progress
 from .ledger import workflow_class
 from .locks import locked_step

@@ -33,7 +33,7 @@ from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, Workflow
 from ..sql import clock, rows
 from ..states import RunStatus, StepStatus, job_event
 from . import waiting
-from .body import Chain
+from .chain import Chain
 from .children import CHILD_PREFIX
 from .ledger import RunLedger, workflow_class
 from .lineage import child_ended

@@ -35,7 +35,7 @@ from .payload import storable_text
 
 if TYPE_CHECKING:
     from ..workflow import Workflow
-    from .body import Chain
+    from .chain import Chain
 
 SYSTEM_ACTOR = "system"
 MAX_ACTOR_LENGTH = 255

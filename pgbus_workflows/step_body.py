@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .context import FlowControl, StepContext
 from .definitions import coerce_duration
 from .exceptions import NotInStep
+from .services.context import FlowControl, StepContext
 
 if TYPE_CHECKING:
     from .models import WorkflowRun, WorkflowSignal

@@ -20,7 +20,6 @@ from django.db import DatabaseError, IntegrityError, transaction
 
 from .. import sql
 from ..conf import settings
-from ..context import StepContext
 from ..models import WorkflowStep
 from ..sql import clock
 from ..states import StepStatus
@@ -28,6 +27,7 @@ from .applying import apply_instead
 from .body import log_outcome, run_body
 from .chain import Chain
 from .claims import stall
+from .context import StepContext
 from .locks import locked_step
 from .outcome import StepOutcome, apply_outcome, stall_step
 from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect

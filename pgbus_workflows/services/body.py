@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
-from ..context import FlowControl, StepContext
 from ..exceptions import StepNotDefined
 from ..jobs import Child, Job
 from ..models import WorkflowRun, WorkflowStep
 from .children import ChildStart, check_depth, child_key
+from .context import FlowControl, StepContext
 from .outcome import StepOutcome
 from .payload import encode_payload
 from .start import check_start

@@ -13,7 +13,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import tracing
-from ..context import StepContext
 from ..exceptions import StepNotDefined
 from ..models import WorkflowStep
 from ..registry import registry
@@ -24,6 +23,7 @@ from .atomic import execute_atomic
 from .body import run_body
 from .chain import Chain
 from .claims import claim_due_steps, still_in_progress
+from .context import StepContext
 from .ledger import workflow_class
 from .locks import locked_step
 from .outcome import StepOutcome

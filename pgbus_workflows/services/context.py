@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .models import WorkflowSignal, WorkflowStep
+    from ..models import WorkflowSignal, WorkflowStep
 
 
 class FlowControl(BaseException):

@@ -16,7 +16,7 @@ the hooks cost a check or two, no call into OpenTelemetry's span machinery.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 try:
     from opentelemetry import context as otel_context
@@ -31,9 +31,6 @@ try:
     _tracer = trace.get_tracer("pgbus_workflows")
 except ImportError:  # the extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
-
-if TYPE_CHECKING:
-    from .models import WorkflowStep
 
 T = TypeVar("T")
 
@@ -84,8 +81,12 @@ def _bounded_tracestate(state: str) -> str:
     return ",".join(kept)
 
 
-def traced_attempt(step: WorkflowStep, perform: Callable[[], T]) -> T:
+def traced_attempt(step: Any, perform: Callable[[], T]) -> T:
     """``perform()`` (the attempt of the claimed ``step``) inside its span, when tracing is on.
+
+    ``step`` is a :class:`~pgbus_workflows.models.WorkflowStep`, typed ``Any``: this module is
+    in the layer below the models, and importing them, even for the annotation, would be an
+    edge upwards.
 
     The span, named ``<workflow class>.<step>``, is a child of the context saved on the run
     (when there is one) and current while the attempt runs. Its attributes:

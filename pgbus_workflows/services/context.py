@@ -1,4 +1,4 @@
-"""What passes between the executor and a running step body (below the services and the handle).
+"""What passes between the executor and a running step body: the attempt's context, and the verbs' early end.
 
 The executor sets a :class:`StepContext` on the instance; the body's verbs end it by raising
 :class:`FlowControl`, which the executor turns into the attempt's outcome.

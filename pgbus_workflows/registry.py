@@ -34,7 +34,7 @@ class WorkflowRegistry:
         #: Classes first defined after the app registry was ready (not by autodiscovery, nor by
         #: an app's ``ready()``): a dispatcher, which imports only those, may not know them.
         self._late: set[str] = set()
-        #: What a run whose class is gone loads as: ``workflow.py`` sets the bare ``Workflow``
+        #: What a run whose class is gone loads as: ``workflow/__init__.py`` sets the bare ``Workflow``
         #: here, so the services below it never import it.
         self.fallback: type[Workflow] | None = None
         #: Changes whenever a class is registered or forgotten (what depends on the set of classes caches by it).

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import WorkflowCancelled
-from .registry import registry
-from .states import RunStatus
+from ..exceptions import WorkflowCancelled
+from ..registry import registry
+from ..states import RunStatus
 
 if TYPE_CHECKING:
-    from .models import WorkflowRun
-    from .workflow import Workflow
+    from ..models import WorkflowRun
+    from . import Workflow
 
 
 class RunFamily:
@@ -30,7 +30,7 @@ class RunFamily:
     @property
     def children(self) -> list[Workflow]:
         """Handles of the runs this run's fan-outs started, in the order they were started."""
-        from .models import WorkflowRun  # deferred: this module loads before the app registry
+        from ..models import WorkflowRun  # deferred: this module loads before the app registry
 
         runs = WorkflowRun.objects.filter(parent_id=self.record.pk).order_by("id")
         return [registry.class_for(run.workflow_class)(run) for run in runs]
@@ -44,8 +44,8 @@ class RunFamily:
         even while another transaction holds the run's row. A ``timeout`` that is not a finite
         duration >= 0 (NaN, infinity, negative, a bool) raises ``ValueError``; None waits for ever.
         """
-        from .services.lineage import run_result  # deferred: this module loads before the app registry
-        from .services.results import wait_for_end  # deferred: this module loads before the app registry
+        from ..services.lineage import run_result  # deferred: this module loads before the app registry
+        from ..services.results import wait_for_end  # deferred: this module loads before the app registry
 
         self.record = wait_for_end(self.record, timeout)
         if self.record.status == RunStatus.CANCELLED:

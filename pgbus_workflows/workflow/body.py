@@ -9,12 +9,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .definitions import coerce_duration
-from .exceptions import NotInStep
-from .services.context import FlowControl, StepContext
+from ..definitions import coerce_duration
+from ..exceptions import NotInStep
+from ..services.context import FlowControl, StepContext
 
 if TYPE_CHECKING:
-    from .models import WorkflowRun, WorkflowSignal
+    from ..models import WorkflowRun, WorkflowSignal
 
 __all__ = ["FlowControl", "StepBody", "StepContext"]
 
@@ -89,7 +89,7 @@ class StepBody:
         alive; its ``timeout=`` bounds its transaction and a heartbeat does not extend it
         (nothing is written: a write there would only commit with the outcome).
         """
-        from .services.claims import heartbeat  # services sit below: importing them here would be a cycle
+        from ..services.claims import heartbeat  # services sit below: importing them here would be a cycle
 
         context = self._step_context("heartbeat()")
         return True if context.atomic else heartbeat(context.step)

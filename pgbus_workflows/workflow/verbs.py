@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Self
 
-from .registry import registry
-from .step_body import FlowControl, StepBody
+from ..registry import registry
+from .body import FlowControl, StepBody
 
 if TYPE_CHECKING:
-    from .models import WorkflowRun, WorkflowSignal
-    from .workflow import Workflow
+    from ..models import WorkflowRun, WorkflowSignal
+    from . import Workflow
 
 
 class RunVerbs(StepBody):
@@ -33,7 +33,7 @@ class RunVerbs(StepBody):
         """Pause the run (in a step body: end the body and pause the run)."""
         if self._context is not None:
             raise FlowControl("pause", reason=reason)
-        from .services import operator  # deferred: this module loads before the app registry
+        from ..services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.pause(self.record.pk, actor=actor, reason=reason))
 
@@ -41,7 +41,7 @@ class RunVerbs(StepBody):
         """Cancel the run (in a step body: end the body and cancel the run)."""
         if self._context is not None:
             raise FlowControl("cancel", reason=reason)
-        from .services import operator  # deferred: this module loads before the app registry
+        from ..services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.cancel(self.record.pk, actor=actor, reason=reason))
 
@@ -49,31 +49,31 @@ class RunVerbs(StepBody):
         """Skip the current step (in a step body: end the body, skip this step)."""
         if self._context is not None:
             raise FlowControl("skip", reason=reason)
-        from .services import operator  # deferred: this module loads before the app registry
+        from ..services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.skip(self.record.pk, actor=actor, reason=reason))
 
     def resume(self, *, actor: str | None = None, reason: str | None = None) -> Self:
         """Resume a paused run where it stopped."""
-        from .services import operator  # deferred: this module loads before the app registry
+        from ..services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.resume(self.record.pk, actor=actor, reason=reason))
 
     def resume_at(self, step_name: str, *, actor: str | None = None, reason: str | None = None) -> Self:
         """Resume a paused run at ``step_name`` (run now)."""
-        from .services import operator  # deferred: this module loads before the app registry
+        from ..services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.resume_at(self.record.pk, step_name, actor=actor, reason=reason))
 
     def run_now(self, *, actor: str | None = None, reason: str | None = None) -> Self:
         """Make the run's scheduled step due now, whatever its ``wait``."""
-        from .services import operator  # deferred: this module loads before the app registry
+        from ..services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.run_now(self.record.pk, actor=actor, reason=reason))
 
     def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
         """Start a new run of a finished or cancelled run's class, subject and arguments."""
-        from .services import operator  # deferred: this module loads before the app registry
+        from ..services import operator  # deferred: this module loads before the app registry
 
         new_record = operator.rerun(self.record.pk, actor=actor, reason=reason)
         return registry.class_for(new_record.workflow_class)(new_record)
@@ -88,7 +88,7 @@ class RunVerbs(StepBody):
         reason: str | None = None,
     ) -> WorkflowSignal:
         """Deliver a signal to this run; returns the ``WorkflowSignal`` (``.duplicate_delivery``)."""
-        from .services.signals import deliver_signal  # deferred: this module loads before the app registry
+        from ..services.signals import deliver_signal  # deferred: this module loads before the app registry
 
         signal = deliver_signal(self.record.pk, name, payload, idempotency_key, actor=actor, reason=reason)
         self.reload()

@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ValidationError
 
-from .definitions import OnException, StepDefinition, ordered_steps, with_name
-from .exceptions import ConfigurationError, StepNotDefined
-from .registry import registry
-from .run_family import RunFamily
-from .run_verbs import RunVerbs
-from .schedules import Schedule
-from .step_body import StepContext
-from .validation import validate_class
+from ..definitions import OnException, StepDefinition, ordered_steps, with_name
+from ..exceptions import ConfigurationError, StepNotDefined
+from ..registry import registry
+from ..schedules import Schedule
+from ..validation import validate_class
+from .body import StepContext
+from .family import RunFamily
+from .verbs import RunVerbs
 
 if TYPE_CHECKING:
     from django.db.models import Model, QuerySet
 
-    from .models import WorkflowEvent, WorkflowRun, WorkflowSchedule, WorkflowSignal
+    from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule, WorkflowSignal
 
 
 class _StepNamespace(dict[str, Any]):
@@ -170,7 +170,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         Raises :class:`AlreadyRunning` when the subject has an ongoing run; with an
         ``idempotency_key`` already used, returns the first run with ``duplicate_start``.
         """
-        from .services.start import start_run  # deferred: this module loads before the app registry
+        from ..services.start import start_run  # deferred: this module loads before the app registry
 
         return start_run(cls, subject, idempotency_key=idempotency_key, arguments=arguments)
 
@@ -183,7 +183,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         when one item raises (bad input, :class:`AlreadyRunning`, :class:`IdempotencyConflict`),
         nothing of the call is written. For imports and backfills: chunk very long inputs.
         """
-        from .services.start import start_runs  # deferred: this module loads before the app registry
+        from ..services.start import start_runs  # deferred: this module loads before the app registry
 
         return start_runs(cls, items)
 
@@ -209,7 +209,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         (default: now). Bad options raise :class:`ConfigurationError`; a name the class
         already has raises ``ValueError``.
         """
-        from .services.schedules import add_schedule  # deferred: this module loads before the app registry
+        from ..services.schedules import add_schedule  # deferred: this module loads before the app registry
 
         schedule = Schedule(
             cron,
@@ -231,7 +231,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         ``Workflow.find`` finds any run (a run whose class is gone loads as a bare
         ``Workflow``); a subclass finds only its own runs.
         """
-        from .models import WorkflowRun  # deferred: this module loads before the app registry
+        from ..models import WorkflowRun  # deferred: this module loads before the app registry
 
         try:
             record = WorkflowRun.objects.filter(workflow_id=workflow_id).first()
@@ -247,7 +247,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         """``{removed step name: ongoing runs still on it}``; a gravestone can go at zero."""
         from django.db.models import Count  # deferred: this module loads before the app registry
 
-        from .models import WorkflowRun  # deferred: this module loads before the app registry
+        from ..models import WorkflowRun  # deferred: this module loads before the app registry
 
         names = cls.removed_step_names()
         if not names:
@@ -280,10 +280,10 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         which one was meant is unknown, so each is signalled through its handle. A subject-less
         run is signalled through its handle.
         """
-        from .exceptions import NotOngoing  # deferred: this module loads before the app registry
-        from .models import WorkflowRun  # deferred: this module loads before the app registry
-        from .services.payload import subject_reference  # deferred: this module loads before the app registry
-        from .services.signals import (  # deferred: this module loads before the app registry
+        from ..exceptions import NotOngoing  # deferred: this module loads before the app registry
+        from ..models import WorkflowRun  # deferred: this module loads before the app registry
+        from ..services.payload import subject_reference  # deferred: this module loads before the app registry
+        from ..services.signals import (  # deferred: this module loads before the app registry
             check_signal_input,
             check_signal_name,
             deliver_signal,
@@ -356,7 +356,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
     def subject(self) -> Any:
         """The model instance the run is about (None when it had none or it was deleted)."""
         if self._subject_cache is None:
-            from .services.payload import load_subject  # deferred: this module loads before the app registry
+            from ..services.payload import load_subject  # deferred: this module loads before the app registry
 
             self._subject_cache = (load_subject(self.record.subject_type, self.record.subject_id),)
         return self._subject_cache[0]
@@ -370,7 +370,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
     def outputs(self) -> dict[str, Any]:
         """Step name -> the output of its latest successful attempt."""
         if self._outputs is None:
-            from .models import WorkflowStep  # deferred: this module loads before the app registry
+            from ..models import WorkflowStep  # deferred: this module loads before the app registry
 
             rows = WorkflowStep.objects.filter(run_id=self.record.pk, outcome="success").order_by("id")
             self._outputs = dict(rows.values_list("step_name", "output"))
@@ -378,7 +378,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
 
     def fan_out_results(self, step_name: str) -> Iterator[Any]:
         """The job results of this run's latest fan-out ``step_name``, in job order (an iterator)."""
-        from .services.fanout import results  # deferred: this module loads before the app registry
+        from ..services.fanout import results  # deferred: this module loads before the app registry
 
         self.require_step(step_name)
         return results(self.record, step_name)

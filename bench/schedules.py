@@ -35,8 +35,8 @@ def insert_schedules(count: int) -> None:
     """``count`` hourly schedules of :data:`WORKFLOW`, all due now: their tick is this hour's (one statement)."""
     from django.db import connection
 
+    from pgbus_workflows.dsl.schedules import latest_tick
     from pgbus_workflows.models import WorkflowSchedule
-    from pgbus_workflows.schedules import latest_tick
     from pgbus_workflows.sql import clock
 
     due = latest_tick("", HOUR, "UTC", clock.now())

@@ -7,7 +7,9 @@ Import the public API from here::
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .definitions import OnException, fan_out, removed_step, step
+from .dsl.definitions import OnException, fan_out, removed_step, step
+from .dsl.jobs import Child, Job
+from .dsl.schedules import Schedule
 from .exceptions import (
     AlreadyRunning,
     ChildConflict,
@@ -30,8 +32,6 @@ from .exceptions import (
     WorkflowCancelled,
     WorkflowError,
 )
-from .jobs import Child, Job
-from .schedules import Schedule
 from .workflow import Workflow
 
 try:

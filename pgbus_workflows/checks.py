@@ -17,8 +17,8 @@ from django.db import DatabaseError, connections
 from django.db.models import Count
 
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration, settings
+from .dsl.jobs import resolve_job
 from .exceptions import ConfigurationError
-from .jobs import resolve_job
 from .models import Dispatcher, FanOutJob, JobStatus
 from .services.children import CHILD_PREFIX
 from .sql import clock

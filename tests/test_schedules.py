@@ -15,8 +15,8 @@ from django.db import IntegrityError, transaction
 
 from pgbus_workflows import ConfigurationError, InvalidTransition, PayloadTooLarge, Schedule, Workflow, step
 from pgbus_workflows.dispatcher.scheduler import STANDBY_INTERVAL, ScheduleLeader
+from pgbus_workflows.dsl.schedules import jitter_offset
 from pgbus_workflows.models import ScheduleEvent, WorkflowEvent, WorkflowRun, WorkflowSchedule
-from pgbus_workflows.schedules import jitter_offset
 from pgbus_workflows.services import schedules as schedule_verbs
 from pgbus_workflows.services.firing import fire_due, fire_schedule
 from pgbus_workflows.testing import WorkflowTestMixin, tick_schedules

@@ -15,9 +15,9 @@ from django.utils import timezone
 from psycopg import sql as psql
 
 from pgbus_workflows.conf import settings
-from pgbus_workflows.deploy import catalog
 from pgbus_workflows.dispatcher import WorkflowDispatcher
 from pgbus_workflows.dispatcher.wakeups import FOLLOW_MAX, FOLLOW_MIN, Wakeups, dispatchers_channel
+from pgbus_workflows.dsl.deploy import catalog
 from pgbus_workflows.models import Dispatcher, WorkflowStep
 from pgbus_workflows.services.claims import claim_and_look_ahead
 from pgbus_workflows.sql.session import connection_params

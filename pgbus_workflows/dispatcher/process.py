@@ -28,7 +28,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from .. import sql
 from ..conf import settings
-from ..deploy import catalog
+from ..dsl.deploy import catalog
 from ..migrated import require_migrated
 from ..models import Dispatcher, FanOutJob, WorkflowStep
 from ..services import fanout, fanout_recovery

@@ -19,7 +19,7 @@ import logging
 
 from .. import sql
 from ..conf import settings
-from ..deploy import catalog
+from ..dsl.deploy import catalog
 from ..models import Dispatcher
 from ..sql import clock
 

@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils.timezone import now
 from django.utils.translation import gettext_lazy as _
 
-from ..schedules import CATCHUP_POLICIES, OVERLAP_POLICIES, default_name, describe
+from ..dsl.schedules import CATCHUP_POLICIES, OVERLAP_POLICIES, default_name, describe
 from ..states import ScheduleEventKind
 
 

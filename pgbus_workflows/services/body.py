@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
+from ..dsl.jobs import Child, Job
 from ..exceptions import StepNotDefined
-from ..jobs import Child, Job
 from ..models import WorkflowRun, WorkflowStep
 from .children import ChildStart, check_depth, child_key
 from .context import FlowControl, StepContext

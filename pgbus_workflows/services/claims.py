@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from .. import signals, sql
 from ..conf import settings
-from ..deploy import can_run_step, catalog_json
+from ..dsl.deploy import can_run_step, catalog_json
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..states import JobStatus, RunStatus, StepStatus

@@ -20,7 +20,7 @@ from functools import partial
 
 from .. import sql
 from ..conf import settings
-from ..deploy import catalog
+from ..dsl.deploy import catalog
 from ..models import Dispatcher, WorkflowStep
 from ..registry import registry
 from ..states import RunStatus, StepStatus

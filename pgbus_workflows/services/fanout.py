@@ -25,10 +25,10 @@ from django.dispatch import receiver
 
 from .. import sql
 from ..conf import settings
-from ..definitions import resolve_wait
-from ..deploy import can_run_job
+from ..dsl.definitions import resolve_wait
+from ..dsl.deploy import can_run_job
+from ..dsl.jobs import resolve_job
 from ..exceptions import FanOutFailed
-from ..jobs import resolve_job
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..states import RunStatus, StepStatus, job_event

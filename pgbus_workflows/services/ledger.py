@@ -15,7 +15,7 @@ from django.db.models import Max
 
 from .. import signals, sql
 from ..conf import settings
-from ..definitions import StepDefinition, resolve_wait
+from ..dsl.definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..registry import registry

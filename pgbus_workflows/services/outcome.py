@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..conf import settings
-from ..definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
+from ..dsl.definitions import OnException, StepDefinition, coerce_duration, resolve_policy, resolve_wait
 from ..exceptions import StepNotDefined, StepStalled
 from ..models import FanOutJob, WorkflowSignal, WorkflowStep
 from ..sql import rows

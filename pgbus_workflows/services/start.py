@@ -12,7 +12,7 @@ from django.db.models import Model
 
 from .. import signals, sql, tracing
 from ..conf import settings
-from ..definitions import StepDefinition, resolve_wait
+from ..dsl.definitions import StepDefinition, resolve_wait
 from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
 from ..migrated import explain
 from ..models import WorkflowRun

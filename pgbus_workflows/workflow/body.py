@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..definitions import coerce_duration
+from ..dsl.definitions import coerce_duration
 from ..exceptions import NotInStep
 from ..services.context import FlowControl, StepContext
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.apps import apps
 from django.utils.module_loading import import_string
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
 
 #: The longest job path the jobs table stores (``varchar(255)``).
 MAX_PATH_LENGTH = 255

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
+from ..registry import registry
 from .jobs import resolve_job
-from .registry import registry
 
 if TYPE_CHECKING:
-    from .workflow import Workflow
+    from ..workflow import Workflow
 
 _known_steps: dict[type, frozenset[str]] = {}
 _importable: dict[str, bool] = {}

@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from django.core.serializers.json import DjangoJSONEncoder
 
+from ..exceptions import ConfigurationError
 from .definitions import MAX_NAME_LENGTH, coerce_duration
-from .exceptions import ConfigurationError
 
 OVERLAP_POLICIES = ("skip", "allow", "cancel_previous")
 CATCHUP_POLICIES = ("latest", "all", "none")

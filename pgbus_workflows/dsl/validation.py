@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import inspect
 
+from ..exceptions import ConfigurationError
 from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition
-from .exceptions import ConfigurationError
 from .schedules import declared_schedules
 
 

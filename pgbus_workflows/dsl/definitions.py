@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.utils.module_loading import import_string
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from .workflow import Workflow
+    from ..workflow import Workflow
 
 EXCEPTION_ACTIONS = ("pause", "cancel", "reattempt", "skip")
 TERMINAL_ACTIONS = ("pause", "cancel")

@@ -72,7 +72,7 @@ def fire_all(count: int) -> tuple[float, int]:
 
 def start_all(count: int) -> float:
     """Seconds to ``start()`` ``count`` runs of :data:`WORKFLOW` one by one (the baseline)."""
-    from pgbus_workflows.registry import registry
+    from pgbus_workflows.dsl.declared import registry
 
     cls = registry.class_for(WORKFLOW)
     began = time.perf_counter()

@@ -36,6 +36,6 @@ class PgbusWorkflowsConfig(SimplePgbusWorkflowsConfig):
 
     def ready(self) -> None:
         super().ready()
-        from .registry import autodiscover  # in ready(): the app registry is ready now
+        from .dsl.declared import autodiscover  # in ready(): the app registry is ready now
 
         autodiscover()

@@ -19,8 +19,8 @@ from django.db import DatabaseError, connections
 from django.db.models import Count
 
 from .conf import settings
+from .dsl.declared import registry
 from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSchedule, WorkflowSignal, WorkflowStep
-from .registry import registry
 from .sql import clock, functions
 from .states import ACTIVE_STEP, ONGOING_RUN, RunStatus, StepStatus
 

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from pgbus_workflows import OnException, Workflow, step
+from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.models import Dispatcher, WorkflowEvent
-from pgbus_workflows.registry import registry
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import PASSWORD, VIEW, staff_user
 from tests.testapp.models import Order

@@ -21,6 +21,7 @@ from django.contrib.messages.constants import WARNING
 from django.urls import reverse
 
 from pgbus_workflows import Job, Workflow, fan_out, removed_step, step
+from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.exceptions import (
     ConfigurationError,
     InvalidTransition,
@@ -31,7 +32,6 @@ from pgbus_workflows.exceptions import (
     StepNotDefined,
 )
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.registry import registry
 from pgbus_workflows.services import operator
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step

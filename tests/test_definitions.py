@@ -13,9 +13,9 @@ import pytest
 from django.db.models import QuerySet
 
 from pgbus_workflows import ConfigurationError, Job, OnException, Workflow, fan_out, removed_step, step
+from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.dsl.definitions import DEFAULT_STEP_MAX_REATTEMPTS, StepDefinition, resolve_policy
 from pgbus_workflows.models import WorkflowStep
-from pgbus_workflows.registry import registry
 
 # -- workflows used by several tests ---------------------------------------------------------
 

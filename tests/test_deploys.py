@@ -22,8 +22,8 @@ from pgbus_workflows import (
     step,
 )
 from pgbus_workflows.conf import settings as wf_settings
+from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from pgbus_workflows.registry import registry
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.deploys import pause_unknown_steps, skip_parked_gravestones
 from pgbus_workflows.services.executor import execute_step, run_due_steps

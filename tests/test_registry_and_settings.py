@@ -15,8 +15,8 @@ from pgbus_workflows import ConfigurationError, Workflow, step
 from pgbus_workflows.checks import check_database, check_settings
 from pgbus_workflows.conf import DEFAULTS
 from pgbus_workflows.conf import settings as wf_settings
+from pgbus_workflows.dsl.declared import AlreadyRegistered, NotRegistered, registry
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
-from pgbus_workflows.registry import AlreadyRegistered, NotRegistered, registry
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -232,7 +232,7 @@ def _registered_after_setup(app_config: str, pgbus_settings: dict) -> str:
             PGBUS_WORKFLOWS={pgbus_settings!r},
         )
         django.setup()
-        from pgbus_workflows.registry import registry
+        from pgbus_workflows.dsl.declared import registry
         print(registry.is_registered("three_steps"))
         """
     )

@@ -16,8 +16,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from ..dsl.declared import registry
 from ..models import NOTABLE_EVENT_KINDS, WorkflowRun
-from ..registry import registry
 from ..services.stuck import STUCK_REASONS, stuck_querysets
 from ..sql import clock
 from ..sql.counting import distinct_values

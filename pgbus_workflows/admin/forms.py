@@ -12,9 +12,9 @@ from typing import Any, cast
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from ..dsl.declared import registry
 from ..exceptions import PayloadNotSerializable, PayloadTooLarge
 from ..models import WorkflowRun, WorkflowStep
-from ..registry import registry
 from ..services.payload import encode_payload
 from ..services.signals import waits_for
 from ..states import ACTIVE_STEP

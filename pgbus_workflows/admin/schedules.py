@@ -31,10 +31,10 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
+from ..dsl.declared import registry
 from ..dsl.schedules import MAX_EVERY, Schedule
 from ..exceptions import ConfigurationError, PayloadNotSerializable, PayloadTooLarge, WorkflowError
 from ..models import WorkflowSchedule
-from ..registry import registry
 from ..services import schedules as verbs
 from ..sql import clock
 from .display import change_url, changelist_url, status_badge

@@ -14,7 +14,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ..exceptions import ConfigurationError
-from ..registry import registry
+from .declared import registry
 from .jobs import resolve_job
 
 if TYPE_CHECKING:

@@ -19,9 +19,9 @@ from django.core.management.base import CommandError, CommandParser
 from django.db.models import QuerySet
 
 from ..admin.schedules import CANCEL_PERMISSION, SCHEDULE_OPERATIONS, WorkflowScheduleAdmin, cancels
+from ..dsl.declared import registry
 from ..exceptions import WorkflowError
 from ..models import WorkflowSchedule
-from ..registry import registry
 from ..services import schedules as verbs
 from .operating import Operator
 from .terminal import table, to_json

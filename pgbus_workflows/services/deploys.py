@@ -20,9 +20,9 @@ from functools import partial
 
 from .. import sql
 from ..conf import settings
+from ..dsl.declared import registry
 from ..dsl.deploy import catalog
 from ..models import Dispatcher, WorkflowStep
-from ..registry import registry
 from ..states import RunStatus, StepStatus
 from . import waiting
 from .isolation import RowFailures

@@ -13,9 +13,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import tracing
+from ..dsl.declared import registry
 from ..exceptions import StepNotDefined
 from ..models import WorkflowStep
-from ..registry import registry
 from ..states import StepStatus
 from . import waiting
 from .applying import apply_outcomes

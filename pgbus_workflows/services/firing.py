@@ -35,9 +35,9 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Min
 
 from .. import signals
+from ..dsl.declared import registry
 from ..dsl.schedules import jitter_offset, latest_tick, next_tick
 from ..models import ScheduleEvent, WorkflowRun, WorkflowSchedule
-from ..registry import registry
 from ..sql import clock
 from ..states import ScheduleEventKind
 from . import operator

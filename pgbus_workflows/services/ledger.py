@@ -15,10 +15,10 @@ from django.db.models import Max
 
 from .. import signals, sql
 from ..conf import settings
+from ..dsl.declared import registry
 from ..dsl.definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
-from ..registry import registry
 from ..sql import clock, rows
 from ..sql.bulk import WriteBatch, insert_statement, link
 from ..states import (

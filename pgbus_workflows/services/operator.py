@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from ..dsl.declared import registry
 from ..exceptions import InvalidTransition, NotPaused, StepNotDefined
 from ..models import WorkflowRun, WorkflowStep
-from ..registry import registry
 from ..states import TERMINAL_RUN, RunFacts, RunStatus, StepOutcomeKind, StepStatus, allowed_verbs
 from . import fanout, waiting
 from .ledger import RunLedger

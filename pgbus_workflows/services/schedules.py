@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 
 from ..conf import settings
+from ..dsl.declared import registry
 from ..dsl.schedules import Schedule, declared_schedules, next_tick
 from ..exceptions import ConfigurationError, InvalidTransition
 from ..models import ScheduleEvent, WorkflowSchedule
-from ..registry import registry
 from ..sql import clock
 from ..states import ScheduleEventKind, allowed_schedule_verbs
 from .firing import RunBusy, advance, start_now

@@ -6,9 +6,9 @@ import difflib
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
+from ..dsl.declared import registry
 from ..exceptions import NotOngoing, UnknownSignal
 from ..models import WorkflowSignal, WorkflowStep
-from ..registry import registry
 from ..states import TERMINAL_RUN, StepStatus
 from .locks import locked_run
 from .payload import encode_payload

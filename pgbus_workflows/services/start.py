@@ -12,11 +12,11 @@ from django.db.models import Model
 
 from .. import signals, sql, tracing
 from ..conf import settings
+from ..dsl.declared import registry
 from ..dsl.definitions import StepDefinition, resolve_wait
 from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
 from ..migrated import explain
 from ..models import WorkflowRun
-from ..registry import registry
 from ..sql import bulk, clock, rows
 from ..states import RunStatus
 from .ledger import RunLedger

@@ -17,8 +17,8 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 
 from .. import sql
 from ..conf import settings
+from ..dsl.declared import registry
 from ..models import WorkflowRun, WorkflowStep
-from ..registry import registry
 from ..sql.counting import bounded_pair_counts, distinct_values, planner_estimate
 from ..states import RunStatus, StepStatus
 from .fanout_recovery import ended_fan_outs

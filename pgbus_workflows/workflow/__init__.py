@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core.exceptions import ValidationError
 
+from ..dsl.declared import registry
 from ..dsl.definitions import OnException, StepDefinition, ordered_steps, with_name
 from ..dsl.schedules import Schedule
 from ..dsl.validation import validate_class
 from ..exceptions import ConfigurationError, StepNotDefined
-from ..registry import registry
 from .body import StepContext
 from .family import RunFamily
 from .verbs import RunVerbs

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..dsl.declared import registry
 from ..exceptions import WorkflowCancelled
-from ..registry import registry
 from ..states import RunStatus
 
 if TYPE_CHECKING:

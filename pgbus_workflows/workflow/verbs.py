@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Self
 
-from ..registry import registry
+from ..dsl.declared import registry
 from .body import FlowControl, StepBody
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from django.apps import apps
 from django.utils.module_loading import autodiscover_modules
 
-from .conf import settings
-from .exceptions import ConfigurationError
+from ..conf import settings
+from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from .workflow import Workflow
+    from ..workflow import Workflow
 
 
 class AlreadyRegistered(ConfigurationError):

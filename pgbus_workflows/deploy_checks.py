@@ -21,6 +21,7 @@ from django.db.models import Count
 from .conf import settings
 from .dsl.declared import registry
 from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSchedule, WorkflowSignal, WorkflowStep
+from .services.deploys import removed_steps_in_flight
 from .sql import clock, functions
 from .states import ACTIVE_STEP, ONGOING_RUN, RunStatus, StepStatus
 
@@ -105,7 +106,7 @@ def _unknown_runs() -> list[CheckMessage]:
 def _gravestones() -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for cls in registry.classes():
-        parked = {name: n for name, n in cls.removed_steps_in_flight().items() if n}
+        parked = {name: n for name, n in removed_steps_in_flight(cls).items() if n}
         if parked:
             listed = ", ".join(f"{name} ({n})" for name, n in sorted(parked.items()))
             messages.append(

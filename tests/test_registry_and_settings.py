@@ -137,6 +137,37 @@ def test_an_abstract_class_cannot_start(db):
     assert WorkflowRun.objects.count() == 0
 
 
+def test_the_framework_bases_are_abstract_and_the_bare_workflow_is_the_fallback():
+    from pgbus_workflows.dsl.declared import DeclaredWorkflow
+    from pgbus_workflows.services.handle import RunHandle
+
+    assert DeclaredWorkflow.abstract and RunHandle.abstract and Workflow.abstract
+    names = {cls.__name__ for cls in registry.classes()}
+    assert {"DeclaredWorkflow", "RunHandle", "Workflow"}.isdisjoint(names)
+    assert registry.fallback is Workflow
+
+
+def test_a_class_declared_without_workflow_is_refused_when_a_run_of_it_is_handled(db):
+    from pgbus_workflows.dsl.declared import DeclaredWorkflow
+    from pgbus_workflows.services.handle import handle_class
+
+    class Declared(DeclaredWorkflow):
+        name = "reg_declared_only"
+
+        @step
+        def one(self):
+            return None
+
+    try:
+        assert registry.get("reg_declared_only") is Declared
+        with pytest.raises(ConfigurationError, match=r"is not a Workflow subclass: subclass pgbus_workflows.Workflow"):
+            handle_class("reg_declared_only")
+        assert handle_class(RegNamed.name) is RegNamed
+        assert handle_class("reg_gone_long_ago") is Workflow
+    finally:
+        registry.unregister("reg_declared_only")
+
+
 def test_unregister_an_unknown_name_raises():
     with pytest.raises(NotRegistered, match=r"No workflow class is registered as 'reg_never'"):
         registry.unregister("reg_never")

@@ -10,14 +10,11 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from django.utils.module_loading import import_string
 
 from ..exceptions import ConfigurationError
-
-if TYPE_CHECKING:
-    from ..workflow import Workflow
 
 EXCEPTION_ACTIONS = ("pause", "cancel", "reattempt", "skip")
 TERMINAL_ACTIONS = ("pause", "cancel")
@@ -354,7 +351,7 @@ def with_name(definition: StepDefinition, name: str) -> StepDefinition:
     return replace(definition, name=name)
 
 
-def class_policies(cls: type[Workflow]) -> list[OnException]:
+def class_policies(cls: type) -> list[OnException]:
     """The class's ``exception_policies``, newest first: the subclass's own, last first, then the parents'."""
     policies: list[OnException] = []
     for klass in cls.__mro__:
@@ -364,7 +361,7 @@ def class_policies(cls: type[Workflow]) -> list[OnException]:
     return policies
 
 
-def resolve_policy(cls: type[Workflow], definition: StepDefinition | None, error: BaseException) -> OnException:
+def resolve_policy(cls: type, definition: StepDefinition | None, error: BaseException) -> OnException:
     """The policy that applies to ``error``: the step's own, then specific, then blanket, else pause."""
     if definition is not None and definition.on_exception is not None:
         return definition.on_exception

@@ -11,20 +11,16 @@ dispatcher can run (paused after ``UNKNOWN_STEP_GRACE``) from one that waits for
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from ..exceptions import ConfigurationError
-from .declared import registry
+from .declared import DeclaredWorkflow, registry
 from .jobs import resolve_job
-
-if TYPE_CHECKING:
-    from ..workflow import Workflow
 
 _known_steps: dict[type, frozenset[str]] = {}
 _importable: dict[str, bool] = {}
 
 
-def _step_names(cls: type[Workflow]) -> frozenset[str]:
+def _step_names(cls: type[DeclaredWorkflow]) -> frozenset[str]:
     names = _known_steps.get(cls)
     if names is None:
         names = _known_steps[cls] = cls.known_step_names()

@@ -10,7 +10,7 @@ from typing import Any
 from ..models import WorkflowStep
 from .body import log_outcome
 from .chain import Chain
-from .ledger import workflow_class
+from .handle import handle_class
 from .locks import locked_steps
 from .outcome import StepOutcome, apply_outcome, error_message
 from .transactions import CONNECTION_ERRORS, commit_once
@@ -129,5 +129,5 @@ def _apply_one_by_one(
 
 def _following(step: WorkflowStep) -> str | None:
     """The name of the step after ``step`` (what its outcome most often schedules)."""
-    following = workflow_class(step.run).next_step_after(step.step_name)
+    following = handle_class(step.run.workflow_class).next_step_after(step.step_name)
     return None if following is None else following.name

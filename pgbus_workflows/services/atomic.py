@@ -33,7 +33,7 @@ from .outcome import StepOutcome, apply_outcome, stall_step
 from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from .handle import RunHandle
 
 
 @dataclass
@@ -51,7 +51,7 @@ class _RollBack(Exception):
         self.outcome = outcome
 
 
-def execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None) -> StepOutcome | None:
+def execute_atomic(workflow: RunHandle, step: WorkflowStep, chain: Chain | None) -> StepOutcome | None:
     """Run an ``atomic=True`` body and its outcome in one transaction; the outcome, or None.
 
     None when the attempt was no longer in progress, or when it stalled (past its timeout,
@@ -79,7 +79,7 @@ def execute_atomic(workflow: Workflow, step: WorkflowStep, chain: Chain | None) 
 
 
 def _unit(
-    workflow: Workflow,
+    workflow: RunHandle,
     step: WorkflowStep,
     chain: Chain | None,
     began: float,
@@ -108,7 +108,7 @@ def _unit(
                 attempt.chained.append(step_after)
 
 
-def _run_in_savepoint(workflow: Workflow, step: WorkflowStep) -> StepOutcome:
+def _run_in_savepoint(workflow: RunHandle, step: WorkflowStep) -> StepOutcome:
     """The body in a savepoint: kept when it succeeds, rolled back with its error otherwise."""
     try:
         with transaction.atomic():

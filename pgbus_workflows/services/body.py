@@ -22,12 +22,12 @@ from .start import check_start
 from .transactions import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from .handle import RunHandle
 
 logger = logging.getLogger("pgbus_workflows")
 
 
-def run_body(workflow: Workflow, context: StepContext) -> StepOutcome:
+def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
     """Call the step body with the step context set; never raises."""
     step = context.step
     definition = type(workflow).step_definition(step.step_name)
@@ -65,7 +65,7 @@ def _encoded(value: Any, what: str) -> Any:
     return None if value is None else encode_payload(value, what)
 
 
-def _fan_out(workflow: Workflow, step_name: str, value: Any, context: StepContext) -> StepOutcome:
+def _fan_out(workflow: RunHandle, step_name: str, value: Any, context: StepContext) -> StepOutcome:
     """A fan-out body's return value as stored jobs or checked children, with the output it kept."""
     if value is None or isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
         raise TypeError(

@@ -23,7 +23,7 @@ from .lineage import END_FIELDS, child_end
 from .start import MAX_KEY_LENGTH, Checked, start_children
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from .handle import RunHandle
 
 #: The job ``function`` of a child (informational: the child run's class is what runs).
 CHILD_PREFIX = "child:"
@@ -33,7 +33,7 @@ CHILD_PREFIX = "child:"
 class ChildStart:
     """One checked ``Child`` of a fan-out body: its class, its start and its parent-close policy."""
 
-    cls: type[Workflow]
+    cls: type[RunHandle]
     checked: Checked
     parent_close: str
 
@@ -72,7 +72,7 @@ def open_children(ledger: RunLedger, step: WorkflowStep, children: list[ChildSta
         for index, child in enumerate(children)
     ]
     FanOutJob.objects.bulk_create(jobs, batch_size=1000)
-    by_class: dict[type[Workflow], list[int]] = {}
+    by_class: dict[type[RunHandle], list[int]] = {}
     for index, child in enumerate(children):
         by_class.setdefault(child.cls, []).append(index)
     actor = f"parent:{ledger.run.workflow_id}"

@@ -18,11 +18,13 @@ from __future__ import annotations
 from datetime import datetime
 from functools import partial
 
+from django.db.models import Count
+
 from .. import sql
 from ..conf import settings
-from ..dsl.declared import registry
+from ..dsl.declared import DeclaredWorkflow, registry
 from ..dsl.deploy import catalog
-from ..models import Dispatcher, WorkflowStep
+from ..models import Dispatcher, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from . import waiting
 from .isolation import RowFailures
@@ -165,3 +167,18 @@ def _skip_gravestone(step_pk: int, run_pk: int, now: datetime) -> bool:
         outcome = StepOutcome("skip", reason="removed step", details={"removed": True}, body_ran=False)
         waiting.resolve(ledger, step, outcome)
         return True
+
+
+def removed_steps_in_flight(cls: type[DeclaredWorkflow]) -> dict[str, int]:
+    """``{removed step name: ongoing runs of cls still on it}`` (``Workflow.removed_steps_in_flight``)."""
+    names = cls.removed_step_names()
+    if not names:
+        return {}
+    rows = (
+        WorkflowRun.objects.ongoing()
+        .filter(workflow_class=cls.name, current_step__in=names)
+        .values("current_step")
+        .annotate(n=Count("pk"))
+    )
+    counts = {row["current_step"]: row["n"] for row in rows}
+    return {name: counts.get(name, 0) for name in names}

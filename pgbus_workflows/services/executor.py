@@ -24,13 +24,13 @@ from .body import run_body
 from .chain import Chain
 from .claims import claim_due_steps, still_in_progress
 from .context import StepContext
-from .ledger import workflow_class
+from .handle import handle_class
 from .locks import locked_step
 from .outcome import StepOutcome
 from .transactions import with_reconnect
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from .handle import RunHandle
 
 
 def run_due_steps(limit: int = 100, queues: Iterable[str] | None = None, claimed_by: str = "") -> int:
@@ -79,7 +79,7 @@ def perform_step(
 def _attempt(step: WorkflowStep, chain: Chain | None) -> tuple[WorkflowStep, StepOutcome] | StepOutcome | None:
     """The guards and the body of a claimed attempt known to be in progress (:func:`perform_step`)."""
     run = step.run
-    cls = workflow_class(run)
+    cls = handle_class(run.workflow_class)
     workflow = cls(run)
     definition = cls.step_definition(step.step_name)
     outcome = _guard(workflow, step)
@@ -100,7 +100,7 @@ def _still_in_progress(step: WorkflowStep) -> bool:
     return bool(still_in_progress([step.pk]))
 
 
-def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
+def _guard(workflow: RunHandle, step: WorkflowStep) -> StepOutcome | None:
     """The claim guards in pgbus's order; None when the body may run.
 
     The subject first (a run about a deleted row is cancelled), then the definition (a
@@ -139,7 +139,7 @@ def _guard(workflow: Workflow, step: WorkflowStep) -> StepOutcome | None:
     return None
 
 
-def _skip_if(workflow: Workflow, condition: Any) -> bool:
+def _skip_if(workflow: RunHandle, condition: Any) -> bool:
     if condition is None:
         return False
     if isinstance(condition, bool):

@@ -35,7 +35,8 @@ from ..states import RunStatus, StepStatus, job_event
 from . import waiting
 from .chain import Chain
 from .children import CHILD_PREFIX
-from .ledger import RunLedger, workflow_class
+from .handle import handle_class
+from .ledger import RunLedger
 from .lineage import child_ended
 from .locks import RunLocked, locked_step
 from .outcome import StepOutcome
@@ -286,7 +287,7 @@ def _fail(job: FanOutJob, error: str) -> str:
     """Retry after the backoff while attempts remain; else the job fails with its error kept."""
     error = storable_text(error)
     if job.attempts < job.max_attempts:
-        definition = workflow_class(job.run).step_definition(job.step.step_name)
+        definition = handle_class(job.run.workflow_class).step_definition(job.step.step_name)
         try:
             backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
         except Exception as failure:  # the backoff callable raised: no retry, the job fails with both errors

@@ -41,11 +41,12 @@ from ..models import ScheduleEvent, WorkflowRun, WorkflowSchedule
 from ..sql import clock
 from ..states import ScheduleEventKind
 from . import operator
+from .handle import handle_class
 from .payload import storable_text
 from .start import start_run
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from .handle import RunHandle
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -84,22 +85,22 @@ def next_due_at() -> datetime | None:
     )["at"]
 
 
-def fire_due(now: datetime | None = None) -> list[Workflow]:
+def fire_due(now: datetime | None = None) -> list[RunHandle]:
     """Fire every tick due as of ``now`` (default: the database's clock); returns the handles started.
 
     A schedule another transaction holds (an operator pausing it) is passed over until the next call.
     """
     now = now or clock.now()
-    started: list[Workflow] = []
+    started: list[RunHandle] = []
     pks = list(due_schedules(now).order_by("due_at", "pk").values_list("pk", flat=True)[:BATCH_SIZE])
     for pk in pks:
         started.extend(fire_schedule(pk, now))
     return started
 
 
-def fire_schedule(pk: int, now: datetime) -> list[Workflow]:
+def fire_schedule(pk: int, now: datetime) -> list[RunHandle]:
     """Fire the due ticks of schedule ``pk`` (its policies decide which), one transaction each."""
-    started: list[Workflow] = []
+    started: list[RunHandle] = []
     for _ in range(MAX_TICKS_PER_ROUND):
         try:
             with transaction.atomic():
@@ -128,7 +129,7 @@ def _lock_due(pk: int, now: datetime) -> WorkflowSchedule | None:
     return due.filter(pk=pk, enabled=True, paused=False, due_at__lte=now).first()
 
 
-def _fire(schedule: WorkflowSchedule, now: datetime) -> Workflow | None:
+def _fire(schedule: WorkflowSchedule, now: datetime) -> RunHandle | None:
     """What the schedule's next tick does, under its lock; returns the handle of the run it started."""
     tick = schedule.next_fire_at
     if tick is None:  # a row written by hand with a due_at only: start from now
@@ -154,13 +155,13 @@ def _previous(schedule: WorkflowSchedule, tick: datetime) -> datetime:
     return latest_tick(schedule.cron, schedule.every, schedule.timezone, tick - timedelta(microseconds=1))
 
 
-def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str, reason: str | None) -> Workflow | None:
+def _start_for_tick(schedule: WorkflowSchedule, tick: datetime, actor: str, reason: str | None) -> RunHandle | None:
     """Start the tick's run as the overlap policy allows (None: skipped, or the tick already has its run).
 
     ``cancel_previous`` cancels the ongoing runs as ``actor`` with ``reason`` (default: the
     tick's); :class:`RunBusy` when another transaction holds one of them (nothing waits).
     """
-    cls = registry.class_for(schedule.workflow_class)
+    cls = handle_class(schedule.workflow_class)
     ongoing = []
     if schedule.overlap != "allow":
         ongoing = list(WorkflowRun.objects.ongoing().filter(schedule_id=schedule.pk).order_by("pk"))
@@ -203,7 +204,7 @@ def _lock_without_waiting(runs: list[WorkflowRun]) -> None:
         raise RunBusy(f"its previous run {held[0].workflow_id} is held by another transaction")
 
 
-def start_now(schedule: WorkflowSchedule, actor: str, reason: str | None = None) -> Workflow | None:
+def start_now(schedule: WorkflowSchedule, actor: str, reason: str | None = None) -> RunHandle | None:
     """Start a run of the locked ``schedule`` for this moment, as ``fire now`` does (None: skipped).
 
     With ``cancel_previous``, ``actor`` cancels the ongoing runs with ``reason``.

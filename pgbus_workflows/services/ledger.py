@@ -15,7 +15,6 @@ from django.db.models import Max
 
 from .. import signals, sql
 from ..conf import settings
-from ..dsl.declared import registry
 from ..dsl.definitions import StepDefinition, resolve_wait
 from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
@@ -30,20 +29,15 @@ from ..states import (
     step_event,
     unless_paused,
 )
+from .handle import handle_class
 from .lineage import END_FIELDS, child_end, settle_after_commit
 from .payload import storable_text
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
     from .chain import Chain
 
 SYSTEM_ACTOR = "system"
 MAX_ACTOR_LENGTH = 255
-
-
-def workflow_class(run: WorkflowRun) -> type[Workflow]:
-    """The run's registered class, or the bare ``Workflow`` when that class is gone."""
-    return registry.class_for(run.workflow_class)
 
 
 class RunLedger:
@@ -63,7 +57,7 @@ class RunLedger:
         self.writes = writes
         #: The next attempt number of some steps, read with the lock (no query in ``schedule``).
         self.next_attempts = next_attempts or {}
-        self.cls = workflow_class(run)
+        self.cls = handle_class(run.workflow_class)
         self._events: list[WorkflowEvent] = []
         self._run_fields: set[str] = set()
         self._queues: set[str] = set()

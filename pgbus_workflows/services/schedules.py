@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 
 from ..conf import settings
-from ..dsl.declared import registry
+from ..dsl.declared import DeclaredWorkflow, registry
 from ..dsl.schedules import Schedule, declared_schedules, next_tick
 from ..exceptions import ConfigurationError, InvalidTransition
 from ..models import ScheduleEvent, WorkflowSchedule
@@ -25,7 +25,7 @@ from .firing import RunBusy, advance, start_now
 from .payload import encode_payload, storable_text
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from .handle import RunHandle
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -42,12 +42,12 @@ def _first_tick(schedule: WorkflowSchedule, after: datetime) -> None:
     schedule.due_at = schedule.next_fire_at  # advance() adds the jitter when it saves
 
 
-def _check_arguments(cls: type[Workflow], schedule: Schedule) -> None:
+def _check_arguments(cls: type[DeclaredWorkflow], schedule: Schedule) -> None:
     encode_payload(schedule.arguments or {}, f"{cls.name} schedule {schedule.name!r} arguments")
 
 
 def add_schedule(
-    cls: type[Workflow],
+    cls: type[DeclaredWorkflow],
     schedule: Schedule,
     *,
     start_at: datetime | None = None,
@@ -121,7 +121,7 @@ def sync_declared(now: datetime | None = None) -> dict[str, int]:
     return counts
 
 
-def _sync_one(cls: type[Workflow], schedule: Schedule, row: WorkflowSchedule | None, now: datetime) -> str:
+def _sync_one(cls: type[DeclaredWorkflow], schedule: Schedule, row: WorkflowSchedule | None, now: datetime) -> str:
     _check_arguments(cls, schedule)  # what JSON alone allows and the database refuses (a NUL, the size)
     values = schedule.row_values()
     if row is None:
@@ -157,7 +157,11 @@ def _sync_one(cls: type[Workflow], schedule: Schedule, row: WorkflowSchedule | N
 
 
 def _sync_failed(
-    cls: type[Workflow], schedule: Schedule | None, rows: list[WorkflowSchedule], now: datetime, error: Exception
+    cls: type[DeclaredWorkflow],
+    schedule: Schedule | None,
+    rows: list[WorkflowSchedule],
+    now: datetime,
+    error: Exception,
 ) -> None:
     """A declaration (or a class's ``schedules``) the sync could not store: logged, and said on its rows."""
     what = f"Schedule {schedule.name!r} declared by {cls.name}" if schedule else f"The schedules of {cls.name}"
@@ -189,7 +193,7 @@ def resume(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
     return schedule
 
 
-def fire_now(pk: int, *, actor: str | None = None, reason: str | None = None) -> Workflow:
+def fire_now(pk: int, *, actor: str | None = None, reason: str | None = None) -> RunHandle:
     """Start a run of the schedule now (``scheduled_for`` = now), as its overlap policy allows.
 
     Its next tick stays as it was. With ``overlap="skip"`` and a run still ongoing, raises

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import signals
-from ..dsl.declared import registry
+from ..dsl.declared import DeclaredWorkflow, registry
 from ..exceptions import NotOngoing, UnknownSignal
 from ..models import WorkflowSignal, WorkflowStep
 from ..states import TERMINAL_RUN, StepStatus
@@ -14,9 +14,6 @@ from .locks import locked_run
 from .payload import encode_payload
 from .start import MAX_KEY_LENGTH
 from .waiting import consume, wake
-
-if TYPE_CHECKING:
-    from ..workflow import Workflow
 
 DEFAULT_ACTOR = "api"
 
@@ -82,7 +79,7 @@ def check_signal_input(name: Any, idempotency_key: Any, actor: Any = None) -> No
             raise ValueError(f"{what} must be at most {MAX_KEY_LENGTH} characters, got {len(value)}")
 
 
-def check_signal_name(cls: type[Workflow], name: str) -> None:
+def check_signal_name(cls: type[DeclaredWorkflow], name: str) -> None:
     """Raise :class:`UnknownSignal` unless a step of ``cls`` waits for ``name`` (or ``extra_signals`` lists it)."""
     if registry.get(cls.name) is not cls or name in cls.signal_names():  # a class this code lacks: any name
         return
@@ -96,7 +93,7 @@ def check_signal_name(cls: type[Workflow], name: str) -> None:
     )
 
 
-def waits_for(cls: type[Workflow], step: WorkflowStep) -> list[str]:
+def waits_for(cls: type[DeclaredWorkflow], step: WorkflowStep) -> list[str]:
     """The names a waiting attempt takes: those it parked with, then its step's current ones (a rename)."""
     definition = cls.step_definition(step.step_name)
     return list(dict.fromkeys([*(step.wait_for or []), *(definition.wait_for if definition is not None else ())]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import IntegrityError, OperationalError, ProgrammingError, transaction
 from django.db.models import Model
@@ -28,14 +28,17 @@ logger = logging.getLogger("pgbus_workflows")
 MAX_KEY_LENGTH = 255
 
 if TYPE_CHECKING:
-    from ..workflow import Workflow
+    from .handle import RunHandle
+
+#: A workflow class's handle: what ``start_run(cls, ...)`` returns is an instance of ``cls``.
+H = TypeVar("H", bound="RunHandle")
 
 #: ``(schedule pk, the tick's time)`` of a run a schedule starts.
 Tick = tuple[int, datetime]
 
 
 def start_run(
-    cls: type[Workflow],
+    cls: type[H],
     subject: Model | None,
     *,
     idempotency_key: str | None = None,
@@ -43,7 +46,7 @@ def start_run(
     actor: str | None = None,
     rerun_of: WorkflowRun | None = None,
     tick: Tick | None = None,
-) -> Workflow:
+) -> H:
     """Create a run of ``cls`` and schedule its first step; returns the handle.
 
     Works inside the caller's ``transaction.atomic()`` (the dispatcher sees nothing until it
@@ -62,7 +65,7 @@ def start_run(
 
 
 def _checked(
-    cls: type[Workflow], subject: Model | None, idempotency_key: str | None, arguments: dict[str, Any] | None
+    cls: type[RunHandle], subject: Model | None, idempotency_key: str | None, arguments: dict[str, Any] | None
 ) -> tuple[str | None, str | None, dict[str, Any]]:
     """``(subject type, subject id, arguments as stored)`` of a start; raises on bad input."""
     if cls.__dict__.get("abstract", False):
@@ -81,7 +84,7 @@ def _checked(
 
 
 def _new_run(
-    cls: type[Workflow],
+    cls: type[RunHandle],
     first: StepDefinition | None,
     now: datetime,
     subject_type: str | None,
@@ -113,7 +116,7 @@ def _new_run(
 
 
 def _insert(
-    cls: type[Workflow],
+    cls: type[H],
     subject_type: str | None,
     subject_id: str | None,
     idempotency_key: str | None,
@@ -122,7 +125,7 @@ def _insert(
     rerun_of: WorkflowRun | None,
     tick: Tick | None = None,
     lineage: dict[str, Any] | None = None,
-) -> Workflow:
+) -> H:
     now = clock.now()
     first = cls.next_step_after(None)
     record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick, lineage)
@@ -166,8 +169,8 @@ def _insert(
 
 
 def _same_start(
-    cls: type[Workflow], existing: WorkflowRun, subject_type: str | None, subject_id: str | None, payload: Any
-) -> Workflow:
+    cls: type[H], existing: WorkflowRun, subject_type: str | None, subject_id: str | None, payload: Any
+) -> H:
     """The run that holds the key, when this start asks for the same; else :class:`IdempotencyConflict`."""
     differences = []
     if (existing.subject_type, existing.subject_id) != (subject_type, subject_id):
@@ -189,7 +192,7 @@ def _same_start(
 _warned: set[str] = set()
 
 
-def _warn_if_unknown_to_dispatchers(cls: type[Workflow]) -> None:
+def _warn_if_unknown_to_dispatchers(cls: type[RunHandle]) -> None:
     """A class defined after app loading (not in a ``workflows`` module) is unknown to dispatchers."""
     if cls.name in _warned or not registry.registered_late(cls.name):
         return
@@ -207,12 +210,12 @@ def _warn_if_unknown_to_dispatchers(cls: type[Workflow]) -> None:
 
 
 def _conflict(
-    cls: type[Workflow],
+    cls: type[H],
     subject_type: str | None,
     subject_id: str | None,
     idempotency_key: str | None,
     payload: Any,
-) -> Workflow:
+) -> H:
     """Explain a unique violation: a concurrent start with the same key, or an ongoing run."""
     if idempotency_key is not None:
         existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
@@ -231,7 +234,7 @@ def _conflict(
 ITEM_KEYS = frozenset({"subject", "idempotency_key", "arguments"})
 
 
-def start_runs(cls: type[Workflow], items: Iterable[Model | Mapping[str, Any] | None]) -> list[Workflow]:
+def start_runs(cls: type[H], items: Iterable[Model | Mapping[str, Any] | None]) -> list[H]:
     """Start one run of ``cls`` per item in one transaction: one ``INSERT`` per table for all of them.
 
     An item is a subject (a saved model instance, or None) or a mapping with any of
@@ -281,9 +284,7 @@ def _item(item: Any, number: int) -> tuple[Any, str | None, dict[str, Any] | Non
 Checked = tuple[str | None, str | None, str | None, Any]
 
 
-def start_children(
-    cls: type[Workflow], checked: list[Checked], lineages: list[dict[str, Any]], actor: str
-) -> list[Workflow]:
+def start_children(cls: type[H], checked: list[Checked], lineages: list[dict[str, Any]], actor: str) -> list[H]:
     """Start child runs of ``cls`` inside the caller's transaction (the parent's park), as :func:`start_runs`.
 
     ``checked`` come from :func:`check_start`; ``lineages`` are each child's parent fields.
@@ -299,19 +300,19 @@ def start_children(
 
 
 def check_start(
-    cls: type[Workflow], subject: Model | None, idempotency_key: str | None, arguments: dict[str, Any] | None
+    cls: type[RunHandle], subject: Model | None, idempotency_key: str | None, arguments: dict[str, Any] | None
 ) -> Checked:
     """The checked start of one run (``start()``'s rules); raises on bad input, writes nothing."""
     return (idempotency_key, *_checked(cls, subject, idempotency_key, arguments))
 
 
 def _insert_many(
-    cls: type[Workflow],
+    cls: type[H],
     first: StepDefinition,
     checked: list[Checked],
     lineages: list[dict[str, Any]] | None = None,
     actor: str | None = None,
-) -> list[Workflow]:
+) -> list[H]:
     now = clock.now()
     lineage_of = lineages or [{}] * len(checked)
     records = [

@@ -7,18 +7,15 @@ body (run by the executor) it also answers the step-only readers and verbs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import ValidationError
 
 from ..dsl.declared import registry
-from ..dsl.definitions import OnException, StepDefinition, ordered_steps, with_name
 from ..dsl.schedules import Schedule
-from ..dsl.validation import validate_class
-from ..exceptions import ConfigurationError, StepNotDefined
-from .body import StepContext
+from ..services.handle import RunHandle, handle_class
 from .family import RunFamily
 from .verbs import RunVerbs
 
@@ -26,19 +23,6 @@ if TYPE_CHECKING:
     from django.db.models import Model, QuerySet
 
     from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule, WorkflowSignal
-
-
-class _StepNamespace(dict[str, Any]):
-    """A class-body namespace that refuses a second step of one name."""
-
-    def __init__(self, class_name: str) -> None:
-        super().__init__()
-        self.class_name = class_name
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if isinstance(value, StepDefinition) and isinstance(self.get(key), StepDefinition):
-            raise ConfigurationError(f"Step {key!r} is already defined in {self.class_name}")
-        super().__setitem__(key, value)
 
 
 class _StepsAccessor:
@@ -50,118 +34,21 @@ class _StepsAccessor:
         return instance.record.steps.order_by("id")
 
 
-class WorkflowMeta(type):
-    """Collects the steps of a class body in order, validates them and registers the class."""
+class Workflow(RunVerbs, RunFamily, RunHandle):
+    """Subclass it, declare ``@step`` methods, call ``start()``. See the README.
 
-    @classmethod
-    def __prepare__(cls, name: str, bases: tuple[type, ...], /, **kwargs: Any) -> MutableMapping[str, object]:
-        return _StepNamespace(name)
+    The class attributes a subclass may set (``name``, ``exception_policies``, ``step_options``,
+    ``allow_multiple``, ``allow_missing_subject``, ``abstract``, ``extra_signals``, ``schedules``)
+    and the look-ups of its steps come from :class:`~pgbus_workflows.dsl.declared.DeclaredWorkflow`.
+    """
 
-    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> WorkflowMeta:
-        cls = super().__new__(mcs, name, bases, dict(namespace), **kwargs)
-        own = [with_name(v, key) for key, v in namespace.items() if isinstance(v, StepDefinition)]
-        base = next((b for b in bases if isinstance(b, WorkflowMeta)), None)
-        for definition in own:
-            if base is not None and hasattr(Workflow, definition.name):
-                raise ConfigurationError(
-                    f"Step {definition.name!r} in {name} would hide Workflow.{definition.name}: choose another name"
-                )
-        for definition in own:
-            setattr(cls, definition.name, definition)
-        parent_steps: tuple[StepDefinition, ...] = getattr(cls, "_step_definitions", ())
-        cls._step_definitions = ordered_steps(parent_steps, own)  # type: ignore[attr-defined]
-        validate_class(cls)
-        if not namespace.get("abstract", False) and base is not None:
-            cls.name = namespace.get("name") or f"{cls.__module__}.{cls.__qualname__}"  # type: ignore[attr-defined]
-            cls.name_given = bool(namespace.get("name"))  # type: ignore[attr-defined]
-            registry.register(cls)  # type: ignore[arg-type]
-        return cls
-
-
-class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
-    """Subclass it, declare ``@step`` methods, call ``start()``. See the README."""
-
-    #: Stable name stored in rows; defaults to "module.QualName".
-    name: ClassVar[str] = "pgbus_workflows.Workflow"
-    #: Class-level exception policies, checked newest first after the step's own.
-    exception_policies: ClassVar[list[OnException]] = []
-    #: Default ``queue`` and ``priority`` for every step of the class.
-    step_options: ClassVar[dict[str, Any]] = {}
-    #: Allow several ongoing runs per subject.
-    allow_multiple: ClassVar[bool] = False
-    #: Keep going when the subject row was deleted (otherwise the run is cancelled).
-    allow_missing_subject: ClassVar[bool] = False
-    #: An abstract class is not registered; its subclasses are.
-    abstract: ClassVar[bool] = True
-    #: Signal names accepted although no step waits for them (a later version's, say).
-    extra_signals: ClassVar[tuple[str, ...] | list[str]] = ()
-    #: When runs start on their own (``Schedule(cron=...)`` or ``Schedule(every=...)``): the
-    #: class's own list, not inherited; the dispatcher's leader syncs it to rows.
-    schedules: ClassVar[list[Schedule] | tuple[Schedule, ...]] = ()
-    #: True when the class body set ``name`` (else it is the dotted path: moving the module orphans runs).
-    name_given: ClassVar[bool] = False
-    _step_definitions: ClassVar[tuple[StepDefinition, ...]] = ()
+    abstract = True
 
     def __init__(self, record: WorkflowRun, *, duplicate_start: bool = False) -> None:
-        self.record = record
-        self.duplicate_start = duplicate_start
-        self._context: StepContext | None = None
-        self._subject_cache: tuple[Any] | None = None
+        super().__init__(record, duplicate_start=duplicate_start)
         self._outputs: dict[str, Any] | None = None
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.record.workflow_id} {self.record.status}>"
-
-    # -- class level -------------------------------------------------------------------------
-
-    @classmethod
-    def step_definitions(cls) -> tuple[StepDefinition, ...]:
-        """The live step definitions, in order (gravestones left out)."""
-        return tuple(s for s in cls._step_definitions if not s.removed)
-
     steps = _StepsAccessor()
-
-    @classmethod
-    def removed_step_names(cls) -> tuple[str, ...]:
-        """The names kept by ``removed_step()`` gravestones."""
-        return tuple(s.name for s in cls._step_definitions if s.removed)
-
-    @classmethod
-    def step_definition(cls, name: str) -> StepDefinition | None:
-        """The definition (or gravestone) of ``name`` or of a step ``renamed_from`` it, or None."""
-        found = next((s for s in cls._step_definitions if s.name == name), None)
-        if found is None:
-            found = next((s for s in cls._step_definitions if name in s.renamed_from), None)
-        return found
-
-    @classmethod
-    def known_step_names(cls) -> frozenset[str]:
-        """Every name a row of this class may hold that its code can run: steps, gravestones, old names."""
-        return frozenset(n for s in cls._step_definitions for n in (s.name, *s.renamed_from))
-
-    @classmethod
-    def signal_names(cls) -> frozenset[str]:
-        """The signal names the class accepts: every step's ``wait_for`` and ``extra_signals``."""
-        return frozenset(n for s in cls._step_definitions for n in s.wait_for) | frozenset(cls.extra_signals)
-
-    @classmethod
-    def require_step(cls, name: str) -> StepDefinition:
-        """The live definition of ``name``; raises :class:`StepNotDefined` listing the steps."""
-        definition = cls.step_definition(name)
-        if definition is None or definition.removed:
-            available = ", ".join(s.name for s in cls.step_definitions()) or "none"
-            raise StepNotDefined(f"Step {name!r} is not defined in {cls.name}. Available steps: {available}")
-        return definition
-
-    @classmethod
-    def next_step_after(cls, name: str | None) -> StepDefinition | None:
-        """The live step after ``name`` (the first for None); gravestones are passed over."""
-        names = [s.name for s in cls._step_definitions]
-        if name is not None and name not in names:
-            current = cls.step_definition(name)  # an old name continues after the renamed step
-            name = current.name if current is not None else name
-        start = 0 if name is None else (names.index(name) + 1 if name in names else len(names))
-        return next((s for s in cls._step_definitions[start:] if not s.removed), None)
 
     @classmethod
     def start(cls, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> Any:
@@ -239,27 +126,15 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
             return None
         if record is None:
             return None
-        klass = registry.get(record.workflow_class) or Workflow
-        return klass(record) if issubclass(klass, cls) else None
+        handle = handle_for(record)
+        return handle if isinstance(handle, cls) else None
 
     @classmethod
     def removed_steps_in_flight(cls) -> dict[str, int]:
         """``{removed step name: ongoing runs still on it}``; a gravestone can go at zero."""
-        from django.db.models import Count  # deferred: this module loads before the app registry
+        from ..services.deploys import removed_steps_in_flight  # deferred: this module loads before the app registry
 
-        from ..models import WorkflowRun  # deferred: this module loads before the app registry
-
-        names = cls.removed_step_names()
-        if not names:
-            return {}
-        rows = (
-            WorkflowRun.objects.ongoing()
-            .filter(workflow_class=cls.name, current_step__in=names)
-            .values("current_step")
-            .annotate(n=Count("pk"))
-        )
-        counts = {row["current_step"]: row["n"] for row in rows}
-        return {name: counts.get(name, 0) for name in names}
+        return removed_steps_in_flight(cls)
 
     @classmethod
     def signal_for(
@@ -316,16 +191,7 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
                 raise
             return None
 
-    def cancel_if(self) -> bool:
-        """Override to cancel the run before any step when it returns True."""
-        return False
-
     # -- the handle ----------------------------------------------------------------------------
-
-    @property
-    def workflow_id(self) -> Any:
-        """The run's public id (a UUID)."""
-        return self.record.workflow_id
 
     @property
     def status(self) -> str:
@@ -353,15 +219,6 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
         return self.record.signals.order_by("id")
 
     @property
-    def subject(self) -> Any:
-        """The model instance the run is about (None when it had none or it was deleted)."""
-        if self._subject_cache is None:
-            from ..services.payload import load_subject  # deferred: this module loads before the app registry
-
-            self._subject_cache = (load_subject(self.record.subject_type, self.record.subject_id),)
-        return self._subject_cache[0]
-
-    @property
     def arguments(self) -> dict[str, Any]:
         """The JSON arguments given to ``start()``."""
         return self.record.arguments  # type: ignore[no-any-return]
@@ -382,6 +239,34 @@ class Workflow(RunVerbs, RunFamily, metaclass=WorkflowMeta):
 
         self.require_step(step_name)
         return results(self.record, step_name)
+
+    def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
+        """Start a new run of a finished or cancelled run's class, subject and arguments."""
+        from ..services import operator  # deferred: this module loads before the app registry
+
+        return handle_for(operator.rerun(self.record.pk, actor=actor, reason=reason))
+
+    @property
+    def parent(self) -> Workflow | None:
+        """The handle of the run whose fan-out started this one (None for a run started by code)."""
+        if self.record.parent_id is None:
+            return None
+        parent = self.record.parent
+        return None if parent is None else handle_for(parent)
+
+    @property
+    def children(self) -> list[Workflow]:
+        """Handles of the runs this run's fan-outs started, in the order they were started."""
+        from ..models import WorkflowRun  # deferred: this module loads before the app registry
+
+        return [handle_for(run) for run in WorkflowRun.objects.filter(parent_id=self.record.pk).order_by("id")]
+
+
+def handle_for(record: WorkflowRun) -> Workflow:
+    """A handle of the run's registered class (the bare ``Workflow`` when that class is gone)."""
+    # Every registered class that handle_class() accepts is a Workflow subclass: only Workflow's
+    # subclasses are concrete (its bases set ``abstract``), and the registry holds no other.
+    return cast("Workflow", handle_class(record.workflow_class)(record))
 
 
 registry.fallback = Workflow

@@ -5,35 +5,17 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..dsl.declared import registry
 from ..exceptions import WorkflowCancelled
 from ..states import RunStatus
 
 if TYPE_CHECKING:
     from ..models import WorkflowRun
-    from . import Workflow
 
 
 class RunFamily:
     """The parent, the children and the result of a run (the ``RunFamily`` half of ``Workflow``)."""
 
     record: WorkflowRun
-
-    @property
-    def parent(self) -> Workflow | None:
-        """The handle of the run whose fan-out started this one (None for a run started by code)."""
-        if self.record.parent_id is None:
-            return None
-        parent = self.record.parent
-        return None if parent is None else registry.class_for(parent.workflow_class)(parent)
-
-    @property
-    def children(self) -> list[Workflow]:
-        """Handles of the runs this run's fan-outs started, in the order they were started."""
-        from ..models import WorkflowRun  # deferred: this module loads before the app registry
-
-        runs = WorkflowRun.objects.filter(parent_id=self.record.pk).order_by("id")
-        return [registry.class_for(run.workflow_class)(run) for run in runs]
 
     def result(self, timeout: float | timedelta | None = None) -> Any:
         """Wait for the run to end (without busy polling) and return its result; any process may call it.

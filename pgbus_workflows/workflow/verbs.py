@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Self
 
-from ..dsl.declared import registry
 from .body import FlowControl, StepBody
 
 if TYPE_CHECKING:
     from ..models import WorkflowRun, WorkflowSignal
-    from . import Workflow
 
 
 class RunVerbs(StepBody):
@@ -70,13 +68,6 @@ class RunVerbs(StepBody):
         from ..services import operator  # deferred: this module loads before the app registry
 
         return self._after(operator.run_now(self.record.pk, actor=actor, reason=reason))
-
-    def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
-        """Start a new run of a finished or cancelled run's class, subject and arguments."""
-        from ..services import operator  # deferred: this module loads before the app registry
-
-        new_record = operator.rerun(self.record.pk, actor=actor, reason=reason)
-        return registry.class_for(new_record.workflow_class)(new_record)
 
     def signal(
         self,

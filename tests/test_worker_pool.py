@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 
+from pgbus_workflows.dispatcher import taking as taking_module
 from pgbus_workflows.dispatcher import workers as workers_module
 from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.models import WorkflowStep
@@ -95,13 +96,13 @@ def test_a_claim_of_quick_steps_is_shared_in_chunks_of_the_four_awake_whatever_t
     pool_of, monkeypatch, size
 ):
     checks = []
-    real_check = workers_module.still_in_progress
+    real_check = taking_module.still_in_progress
 
     def counted(step_pks):
         checks.append(len(step_pks))
         return real_check(step_pks)
 
-    monkeypatch.setattr(workers_module, "still_in_progress", counted)
+    monkeypatch.setattr(taking_module, "still_in_progress", counted)
     pool = pool_of(size)
     warm = NoOp3.start()
     pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # the pool learns its bodies are quick
@@ -142,13 +143,13 @@ def test_a_claim_handed_to_an_idle_worker_starts_without_a_re_check_and_queued_o
     pool_of, monkeypatch
 ):
     rechecked = []
-    real_check = workers_module.still_in_progress
+    real_check = taking_module.still_in_progress
 
     def counted(step_pks):
         rechecked.extend(step_pks)
         return real_check(step_pks)
 
-    monkeypatch.setattr(workers_module, "still_in_progress", counted)  # a chunk of the shared queue
+    monkeypatch.setattr(taking_module, "still_in_progress", counted)  # a chunk of the shared queue
     monkeypatch.setattr(executor, "still_in_progress", counted)  # a claim run with verify=True
     pool = pool_of(1)
     eventually(lambda: len(pool._idle) == 1, what="the worker idle")

@@ -1,4 +1,4 @@
-"""Workflows that break the engine from the inside (tests/test_faults*.py): one class per fault.
+"""Workflows that break the engine from the inside (tests/services/test_faults*.py): one class per fault.
 
 Imported by the app's ready() so that dispatcher subprocesses know them. Every body records
 its runs in ``SideEffect`` (outside atomic bodies), so a body that ran twice would show.

@@ -17,7 +17,7 @@ def fail_on(n: int, bad: list[int]) -> int:
     return n
 
 
-# -- fan-out tests (tests/test_fanout*.py) and the fan-out benchmark (bench/fanout.py) -------------
+# -- fan-out tests (tests/services/test_fanout*.py) and the fan-out benchmark (bench/fanout.py) -------------
 
 #: Barriers the race tests put here by name: ``meet`` jobs wait on theirs, so they end together.
 BARRIERS: dict = {}

@@ -1,0 +1,47 @@
+"""The fast loop's promise (README, "Development"): a test that starts a process is marked ``processes``.
+
+``tests/conftest.py`` marks the kinds and fails a test that starts a process unmarked; here a
+pytest of its own runs a probe that does so, and lists what the fast loop selects.
+"""
+
+import os
+import subprocess
+import sys
+
+from tests.procs import ROOT
+from tests.project.test_readme_notes import PYTEST_ALONE, connection_url
+
+FAST = "not processes and not browser and not slow"
+
+
+def pytest_alone(*args: str, probe: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DATABASE_URL": connection_url("pgbus_marker_check")}  # no test here touches it
+    if probe:
+        env["PGBUS_MARKER_PROBE"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *PYTEST_ALONE, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_a_test_that_starts_a_process_unmarked_fails_naming_the_marker():
+    run = pytest_alone("tests/marker_probe.py", probe=True)
+
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "starts a process" in run.stdout and "is not marked 'processes'" in run.stdout, run.stdout
+
+
+def test_the_fast_loop_leaves_out_every_test_of_processes_chromium_and_the_long_harnesses():
+    run = pytest_alone("--collect-only", "-m", FAST, "tests")
+
+    assert run.returncode == 0, run.stdout + run.stderr
+    selected = run.stdout
+    for left_out in ("test_chaos.py", "test_state_machine.py", "test_admin_browser.py", "test_fanout_processes.py"):
+        assert left_out not in selected, left_out
+    assert "test_dispatcher.py::test_the_commands_logs_go_to_the_projects_handlers" not in selected
+    assert "tests/services/test_start.py::" in selected  # an in-process module stays

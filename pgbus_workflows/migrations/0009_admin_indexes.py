@@ -1,4 +1,4 @@
-# The indexes that keep the admin fast on a million runs (DESIGN.md section 12): steps by
+# The indexes that keep the admin fast on a million runs (docs/architecture.md, "Operating at scale"): steps by
 # when they finished (the dashboard's last hour), and small partial indexes on the rare rows
 # the lists filter by (unsuccessful attempts and jobs, pending signals, notable events).
 # Built CONCURRENTLY (no long lock on a big table), hence atomic = False.

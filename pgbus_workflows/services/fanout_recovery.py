@@ -69,7 +69,7 @@ def ended_fan_outs() -> QuerySet[WorkflowStep]:
     """Waiting fan-outs of waiting runs with no job left pending or running: each awaits its resolution.
 
     Read through the waiting steps' partial index and, per step, the unfinished jobs' partial
-    index (``tests/test_fanout_recovery.py`` checks the plan), so the cost follows the fan-outs
+    index (``tests/services/test_fanout_recovery.py`` checks the plan), so the cost follows the fan-outs
     waiting now, not the history. A paused run's fan-out is left for ``resume()``.
     """
     open_jobs = FanOutJob.objects.filter(step_id=OuterRef("pk"), status__in=UNFINISHED_JOB)

@@ -59,7 +59,7 @@ def insert_columns(model: type[Model], leave_out: tuple[str, ...] = ()) -> list[
     """``(attname, preparer)`` of the columns an ``INSERT`` writes, in field order, but for ``leave_out``.
 
     The attribute is read as it is: ``Field.pre_save`` returns it unchanged, as no field of
-    the app's models is ``auto_now`` (``tests/test_sql.py`` checks).
+    the app's models is ``auto_now`` (``tests/sql/test_sql.py`` checks).
     """
     key = (model, connection.vendor, leave_out)
     found = _columns.get(key)

@@ -45,3 +45,16 @@ def test_the_fast_loop_leaves_out_every_test_of_processes_chromium_and_the_long_
         assert left_out not in selected, left_out
     assert "test_dispatcher.py::test_the_commands_logs_go_to_the_projects_handlers" not in selected
     assert "tests/services/test_start.py::" in selected  # an in-process module stays
+
+
+def test_the_fast_loop_runs_about_nine_tests_in_ten():
+    """The README: "Leaving them out runs about nine tests in ten, the in-process ones"."""
+    fast = pytest_alone("--collect-only", "-m", FAST, "tests")
+    everything = pytest_alone("--collect-only", "tests")
+
+    def collected(run: subprocess.CompletedProcess) -> int:
+        assert run.returncode == 0, run.stdout + run.stderr
+        return sum(1 for line in run.stdout.splitlines() if "::" in line)
+
+    share = collected(fast) / collected(everything)
+    assert 0.85 <= share <= 0.95, share

@@ -1,0 +1,103 @@
+"""The package's layout keeps its promises (docs/architecture.md): no import cycle, short modules, a small root.
+
+import-linter (run by CI) checks the layers; these checks read the package as it is, so a
+cycle made only by an annotation, a module grown past 400 lines or a new module at the root
+fails here too, with its name.
+"""
+
+import re
+from pathlib import Path
+
+import grimp
+import pytest
+
+import pgbus_workflows
+
+PACKAGE = Path(pgbus_workflows.__file__).parent
+MAX_LINES = 400
+MAX_ROOT_MODULES = 15
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Every set of modules that import each other round in a circle (Tarjan's strongly connected components)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in order:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], order[imported])
+        if low[module] == order[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def test_no_module_imports_itself_round_a_circle_even_for_annotations():
+    graph = grimp.build_graph("pgbus_workflows", exclude_type_checking_imports=False)
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_made_only_for_annotations():
+    graph = grimp.build_graph("pgbus_workflows", exclude_type_checking_imports=False)
+    graph.add_import(importer="pgbus_workflows.dsl.definitions", imported="pgbus_workflows.workflow")
+    assert any("pgbus_workflows.dsl.definitions" in cycle for cycle in import_cycles(graph))
+
+
+def test_no_module_is_over_400_lines():
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if "migrations" not in path.parts and (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_the_root_keeps_at_most_15_modules():
+    root = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+REPOSITORY = PACKAGE.parent
+#: A repository path in backquotes, such as ``tests/...``, ``pgbus_workflows/...`` or ``docs/...``.
+CITED_PATH = re.compile(r"`((?:tests|pgbus_workflows|docs|bench|scripts)/[\w./-]+)`")
+
+
+def cited_paths(text: str) -> set[str]:
+    """The paths ``text`` cites, but those a command makes (hidden folders such as ``bench/.peers``)."""
+    paths = {path.rstrip("/.") for path in CITED_PATH.findall(text)}
+    return {path for path in paths if not any(part.startswith(".") for part in path.split("/"))}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/architecture.md"])
+def test_every_path_a_page_cites_is_in_the_repository(page):
+    cited = cited_paths((REPOSITORY / page).read_text())
+    assert cited, f"{page} cites no path: the pattern no longer matches how it cites them"
+    assert sorted(path for path in cited if not (REPOSITORY / path).exists()) == []
+
+
+def test_nothing_shipped_or_tested_cites_the_design_notes_users_do_not_have():
+    files = [*PACKAGE.rglob("*.py"), *(REPOSITORY / "tests").rglob("*.py"), REPOSITORY / "README.md"]
+    citing = [
+        str(path.relative_to(REPOSITORY))
+        for path in files
+        if path != Path(__file__) and re.search(r"\b(DESIGN|LAYOUT)\.md\b", path.read_text())
+    ]
+    assert citing == []

@@ -2,11 +2,12 @@
 
 Import the public API from here::
 
-    from pgbus_workflows import Workflow, OnException, Schedule, step, removed_step
+    from pgbus_workflows import Workflow, OnException, Schedule, backoff, step, removed_step
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .dsl.backoff import backoff
 from .dsl.definitions import OnException, fan_out, removed_step, step
 from .dsl.jobs import Child, Job
 from .dsl.schedules import Schedule
@@ -66,6 +67,7 @@ __all__ = [
     "WorkflowCancelled",
     "WorkflowError",
     "__version__",
+    "backoff",
     "fan_out",
     "removed_step",
     "step",

@@ -112,6 +112,11 @@ class WorkflowRun(models.Model):
     awaited = models.BooleanField(_("awaited"), default=False, db_default=False)
     #: The caller's trace context at ``start()`` (``tracing.carrier``), restored around each attempt.
     trace_context = models.JSONField(_("trace context"), null=True, blank=True, editable=False)
+    #: Set on a run a debounced class's ``start()`` created: later starts of this key collapse into
+    #: it until its first step begins (``Debounce``); NULL for every other run.
+    debounce_key = models.CharField(  # noqa: DJ001
+        _("debounce key"), max_length=255, null=True, blank=True, editable=False
+    )
 
     objects = WorkflowRunQuerySet.as_manager()
 
@@ -149,6 +154,12 @@ class WorkflowRun(models.Model):
             ),
             models.Index(fields=["parent", "id"], condition=Q(parent__isnull=False), name="pgbus_wf_run_children"),
             models.Index(fields=["parent_job"], condition=Q(parent_job__isnull=False), name="pgbus_wf_run_parent_job"),
+            # Only a debounced class's ready runs: the run a start may collapse into, found by its key.
+            models.Index(
+                fields=["workflow_class", "debounce_key"],
+                condition=Q(debounce_key__isnull=False) & Q(status=RunStatus.READY),
+                name="pgbus_wf_run_debounce",
+            ),
         ]
         permissions = [
             ("pause_workflowrun", _("Can pause and resume workflow runs")),

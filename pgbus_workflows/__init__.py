@@ -2,12 +2,13 @@
 
 Import the public API from here::
 
-    from pgbus_workflows import Workflow, OnException, Schedule, backoff, step, removed_step
+    from pgbus_workflows import Workflow, OnException, Schedule, Debounce, backoff, step, removed_step
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from .dsl.backoff import backoff
+from .dsl.debounce import Debounce
 from .dsl.definitions import OnException, fan_out, removed_step, step
 from .dsl.jobs import Child, Job
 from .dsl.schedules import Schedule
@@ -46,6 +47,7 @@ __all__ = [
     "ChildConflict",
     "ChildDepthExceeded",
     "ConfigurationError",
+    "Debounce",
     "FanOutFailed",
     "IdempotencyConflict",
     "InvalidTransition",

@@ -20,6 +20,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from ..conf import settings
 from ..exceptions import ConfigurationError, StepNotDefined
+from .debounce import Debounce
 from .definitions import OnException, StepDefinition, ordered_steps, with_name
 from .schedules import Schedule
 from .validation import validate_class
@@ -166,6 +167,8 @@ class DeclaredWorkflow(metaclass=WorkflowMeta):
     step_options: ClassVar[dict[str, Any]] = {}
     #: Allow several ongoing runs per subject.
     allow_multiple: ClassVar[bool] = False
+    #: Collapse starts of one key into the run whose first step has not begun (``Debounce``).
+    debounce: ClassVar[Debounce | None] = None
     #: Keep going when the subject row was deleted (otherwise the run is cancelled).
     allow_missing_subject: ClassVar[bool] = False
     #: An abstract class is not registered; its subclasses are.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 
 from ..exceptions import ConfigurationError
+from .debounce import Debounce
 from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition
 from .schedules import declared_schedules
 
@@ -38,8 +39,29 @@ def validate_class(cls: type) -> None:
     if not isinstance(extra, list | tuple | set | frozenset) or not all(isinstance(n, str) and n for n in extra):
         raise ConfigurationError(f"{cls.__qualname__}.extra_signals must be a list of signal names")
     declared_schedules(cls)
+    _validate_debounce(cls)
     _validate_names(cls)
     _validate_conditions(cls)
+
+
+def _validate_debounce(cls: type) -> None:
+    """``debounce`` is a ``Debounce`` with a key that names one run, and the first step has no wait of its own."""
+    debounce = getattr(cls, "debounce", None)  # inherited: a subclass may turn on allow_multiple
+    if debounce is None:
+        return
+    if not isinstance(debounce, Debounce):
+        raise ConfigurationError(f"{cls.__qualname__}.debounce must be a Debounce, got {debounce!r}")
+    if debounce.key is None and getattr(cls, "allow_multiple", False):
+        raise ConfigurationError(
+            f"{cls.__qualname__}.debounce needs a key: with allow_multiple=True the subject does not identify one run"
+        )
+    steps: tuple[StepDefinition, ...] = cls._step_definitions  # type: ignore[attr-defined]
+    first = next((s for s in steps if not s.removed), None)
+    if first is not None and first.wait is not None:
+        raise ConfigurationError(
+            f"{cls.__qualname__}.{first.name}: the first step of a debounced class takes no wait "
+            "(it waits the debounce period)"
+        )
 
 
 def _validate_names(cls: type) -> None:

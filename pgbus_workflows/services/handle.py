@@ -24,10 +24,12 @@ class RunHandle(DeclaredWorkflow):
 
     abstract = True
 
-    def __init__(self, record: WorkflowRun, *, duplicate_start: bool = False) -> None:
+    def __init__(self, record: WorkflowRun, *, duplicate_start: bool = False, debounced: bool = False) -> None:
         self.record = record
         #: True when ``start()`` found the run its ``idempotency_key`` already started.
         self.duplicate_start = duplicate_start
+        #: True when ``start()`` collapsed into a run of its debounce key that had not begun (``Debounce``).
+        self.debounced = debounced
         self._context: StepContext | None = None
         self._subject_cache: tuple[Any] | None = None
 

@@ -12,6 +12,7 @@ from django.db.models import Model
 
 from .. import signals, sql, tracing
 from ..conf import settings
+from ..dsl.debounce import Debounce
 from ..dsl.declared import registry
 from ..dsl.definitions import StepDefinition, resolve_wait
 from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
@@ -19,6 +20,7 @@ from ..migrated import explain
 from ..models import WorkflowRun
 from ..sql import bulk, clock, rows
 from ..states import RunStatus
+from .debounce import collapse, debounced_key, lock_key
 from .ledger import RunLedger
 from .payload import encode_payload, subject_reference
 
@@ -52,16 +54,35 @@ def start_run(
     Works inside the caller's ``transaction.atomic()`` (the dispatcher sees nothing until it
     commits). Bad input raises before anything is written. ``tick``: the schedule and the
     time it fired for (``services.firing``), stored on the run and in its ``started`` event.
+    A class with ``debounce`` may return an earlier run of the key instead (``services.debounce``).
     """
     subject_type, subject_id, payload = _checked(cls, subject, idempotency_key, arguments)
+    debounced = debounced_key(cls, subject, subject_type, subject_id, payload, tick is not None or rerun_of is not None)
     _warn_if_unknown_to_dispatchers(cls)
     try:
+        if debounced is not None:
+            return _start_debounced(cls, *debounced, (idempotency_key, subject_type, subject_id, payload), actor)
         return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of, tick)
     except (ProgrammingError, OperationalError) as error:
         not_migrated = explain(error)
         if not_migrated is not None:
             raise not_migrated from None
         raise
+
+
+def _start_debounced(cls: type[H], declared: Debounce, key: str, checked: Checked, actor: str | None) -> H:
+    """Collapse into the key's run that has not begun, or start one; the idempotency key is asked first."""
+    idempotency_key, subject_type, subject_id, payload = checked
+    with transaction.atomic():
+        lock_key(cls, key)
+        if idempotency_key is not None:
+            existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return _same_start(cls, existing, subject_type, subject_id, payload)
+        collapsed = collapse(cls, declared, key, payload, idempotency_key)
+        if collapsed is not None:
+            return collapsed
+        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, None, debounce=(key, declared))
 
 
 def _checked(
@@ -94,6 +115,7 @@ def _new_run(
     rerun_of: WorkflowRun | None = None,
     tick: Tick | None = None,
     lineage: dict[str, Any] | None = None,
+    debounce_key: str | None = None,
 ) -> WorkflowRun:
     return rows.build(
         WorkflowRun,
@@ -110,6 +132,7 @@ def _new_run(
         status_changed_at=now,
         schedule_id=tick[0] if tick else None,
         scheduled_for=tick[1] if tick else None,
+        debounce_key=debounce_key,
         # A child joins its parent's trace (its park runs outside any span); a top run its caller's.
         **{"trace_context": tracing.carrier(), **(lineage or {})},
     )
@@ -125,10 +148,12 @@ def _insert(
     rerun_of: WorkflowRun | None,
     tick: Tick | None = None,
     lineage: dict[str, Any] | None = None,
+    debounce: tuple[str, Debounce] | None = None,  # (key, declaration): the first attempt waits its period
 ) -> H:
     now = clock.now()
     first = cls.next_step_after(None)
-    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick, lineage)
+    key = debounce[0] if debounce else None
+    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick, lineage, key)
     ledger = RunLedger(record, now)
     details: dict[str, Any] = {"arguments": payload}
     if rerun_of is not None:
@@ -138,7 +163,7 @@ def _insert(
     if record.parent is not None:
         details["parent"] = str(record.parent.workflow_id)
     started: dict[str, Any] = {"actor": actor, "details": details, "transition": ("", "", RunStatus.READY)}
-    if first is not None and sql.postgresql():
+    if first is not None and sql.postgresql() and debounce is None:
         # The common case in one statement: no transaction of its own, no savepoint, no
         # lookup of the key first (a refused insert writes nothing and raises nothing).
         step = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
@@ -162,7 +187,7 @@ def _insert(
         if first is None:
             ledger.transition("finish", RunStatus.FINISHED, kind="finished", actor=actor, reason="no steps")
         else:
-            ledger.schedule(first, attempt=1)
+            ledger.schedule(first, attempt=1, wait=debounce[1].period if debounce else None)
         ledger.send(signals.workflow_started, subject_type=subject_type, subject_id=subject_id)
         ledger.flush()
     return cls(record)
@@ -244,6 +269,10 @@ def start_runs(cls: type[H], items: Iterable[Model | Mapping[str, Any] | None]) 
     a subject with an ongoing run (or two items for one subject) raises :class:`AlreadyRunning`,
     and then nothing of the call is written. Returns the handles in the items' order.
     """
+    if cls.debounce is not None:
+        raise ConfigurationError(
+            f"{cls.__qualname__} has debounce: start_many() does not collapse starts; start each run with start()"
+        )
     checked = []
     for number, item in enumerate(items):
         subject, key, arguments = _item(item, number)

@@ -1,13 +1,14 @@
 """Every hand-written SQL statement of the app, by name, and the one way they are run.
 
-The texts live in :mod:`.statements` and :mod:`.claiming`: each is built on first use from the models' metadata
-(table and column names quoted by the backend, status literals from the ``TextChoices``)
-and cached per database alias and vendor. Call :func:`statement` for a text. Run them
-through :func:`cursor` (Django's cursor) or :func:`pipeline` (several statements in one round
-trip on PostgreSQL): both are Django cursors, so execute wrappers, ``assertNumQueries``,
-``connection.queries`` and the debug toolbar see every statement. :mod:`.counting` holds
-the reads that count without a scan (bounded and estimated counts, the values of an
-index's leading column), for the admin and the sweep's gauge.
+The texts live in :mod:`.statements`, :mod:`.claiming` and :mod:`.debouncing`: each is built
+on first use from the models' metadata (table and column names quoted by the backend, status
+literals from the ``TextChoices``) and cached per database alias and vendor. Call
+:func:`statement` for a text. Run them through :func:`cursor` (Django's cursor) or
+:func:`pipeline` (several statements in one round trip on PostgreSQL): both are Django
+cursors, so execute wrappers, ``assertNumQueries``, ``connection.queries`` and the debug
+toolbar see every statement. :mod:`.counting` holds the reads that count without a scan
+(bounded and estimated counts, the values of an index's leading column), for the admin and
+the sweep's gauge.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from psycopg import postgres
 from psycopg.abc import Loader
 from psycopg.adapt import PyFormat
 
-from . import claiming  # noqa: F401  (registers the claims' statements)
+from . import claiming, debouncing  # noqa: F401  (register the claims' and the debounce's statements)
 from .statements import BUILDERS
 
 _cache: dict[tuple[str, str, str, tuple[Hashable, ...]], str] = {}

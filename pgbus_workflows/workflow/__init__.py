@@ -38,14 +38,14 @@ class Workflow(RunVerbs, RunFamily, RunHandle):
     """Subclass it, declare ``@step`` methods, call ``start()``. See the README.
 
     The class attributes a subclass may set (``name``, ``exception_policies``, ``step_options``,
-    ``allow_multiple``, ``allow_missing_subject``, ``abstract``, ``extra_signals``, ``schedules``)
+    ``allow_multiple``, ``debounce``, ``allow_missing_subject``, ``abstract``, ``extra_signals``, ``schedules``)
     and the look-ups of its steps come from :class:`~pgbus_workflows.dsl.declared.DeclaredWorkflow`.
     """
 
     abstract = True
 
-    def __init__(self, record: WorkflowRun, *, duplicate_start: bool = False) -> None:
-        super().__init__(record, duplicate_start=duplicate_start)
+    def __init__(self, record: WorkflowRun, *, duplicate_start: bool = False, debounced: bool = False) -> None:
+        super().__init__(record, duplicate_start=duplicate_start, debounced=debounced)
         self._outputs: dict[str, Any] | None = None
 
     steps = _StepsAccessor()
@@ -55,7 +55,9 @@ class Workflow(RunVerbs, RunFamily, RunHandle):
         """Start a run about ``subject`` with JSON ``arguments``; returns its handle.
 
         Raises :class:`AlreadyRunning` when the subject has an ongoing run; with an
-        ``idempotency_key`` already used, returns the first run with ``duplicate_start``.
+        ``idempotency_key`` already used, returns the first run with ``duplicate_start``. A class
+        with ``debounce`` returns the run of the same key whose first step has not begun, with
+        these arguments and ``debounced`` set (see :class:`~pgbus_workflows.Debounce`).
         """
         from ..services.start import start_run  # deferred: this module loads before the app registry
 
@@ -69,6 +71,7 @@ class Workflow(RunVerbs, RunFamily, RunHandle):
         ``subject``, ``idempotency_key`` and ``arguments``. The rules are :meth:`start`'s;
         when one item raises (bad input, :class:`AlreadyRunning`, :class:`IdempotencyConflict`),
         nothing of the call is written. For imports and backfills: chunk very long inputs.
+        A class with ``debounce`` refuses it (``ConfigurationError``): start each run with :meth:`start`.
         """
         from ..services.start import start_runs  # deferred: this module loads before the app registry
 

@@ -15,12 +15,13 @@ from ..conf import settings
 from ..dsl.debounce import Debounce
 from ..dsl.declared import registry
 from ..dsl.definitions import StepDefinition, resolve_wait
-from ..exceptions import AlreadyRunning, ConfigurationError, IdempotencyConflict
+from ..exceptions import ConfigurationError
 from ..migrated import explain
 from ..models import WorkflowRun
 from ..sql import bulk, clock, rows
 from ..states import RunStatus
 from .debounce import collapse, debounced_key, lock_key
+from .duplicates import conflict, same_start
 from .ledger import RunLedger
 from .payload import encode_payload, subject_reference
 
@@ -78,7 +79,7 @@ def _start_debounced(cls: type[H], declared: Debounce, key: str, checked: Checke
         if idempotency_key is not None:
             existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
             if existing is not None:
-                return _same_start(cls, existing, subject_type, subject_id, payload)
+                return same_start(cls, existing, subject_type, subject_id, payload)
         collapsed = collapse(cls, declared, key, payload, idempotency_key)
         if collapsed is not None:
             return collapsed
@@ -169,7 +170,7 @@ def _insert(
         step = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
         event = ledger.new_event("started", **started)
         if not rows.insert_run(record, step, event, (settings.NOTIFY_CHANNEL, step.queue)):
-            return _conflict(cls, subject_type, subject_id, idempotency_key, payload)
+            return conflict(cls, subject_type, subject_id, idempotency_key, payload)
         ledger.send(signals.workflow_started, subject_type=subject_type, subject_id=subject_id)
         ledger.flush()  # only the after-commit signal is left to queue
         return cls(record)
@@ -177,12 +178,12 @@ def _insert(
         if idempotency_key is not None:
             existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
             if existing is not None:
-                return _same_start(cls, existing, subject_type, subject_id, payload)
+                return same_start(cls, existing, subject_type, subject_id, payload)
         try:
             with transaction.atomic():
                 rows.insert(record)
         except IntegrityError:
-            return _conflict(cls, subject_type, subject_id, idempotency_key, payload)
+            return conflict(cls, subject_type, subject_id, idempotency_key, payload)
         ledger.event("started", **started)
         if first is None:
             ledger.transition("finish", RunStatus.FINISHED, kind="finished", actor=actor, reason="no steps")
@@ -191,27 +192,6 @@ def _insert(
         ledger.send(signals.workflow_started, subject_type=subject_type, subject_id=subject_id)
         ledger.flush()
     return cls(record)
-
-
-def _same_start(
-    cls: type[H], existing: WorkflowRun, subject_type: str | None, subject_id: str | None, payload: Any
-) -> H:
-    """The run that holds the key, when this start asks for the same; else :class:`IdempotencyConflict`."""
-    differences = []
-    if (existing.subject_type, existing.subject_id) != (subject_type, subject_id):
-        differences.append(
-            f"subject {existing.subject_type or 'none'} {existing.subject_id or ''}".rstrip()
-            + f", not {subject_type or 'none'} {subject_id or ''}".rstrip()
-        )
-    if existing.arguments != payload:
-        differences.append("other arguments")
-    if differences:
-        raise IdempotencyConflict(
-            f"idempotency_key {existing.idempotency_key!r} of {cls.name} is taken by run {existing.workflow_id} "
-            f"({'; '.join(differences)}): nothing was started. Use a key per subject and arguments.",
-            workflow=cls(existing),
-        )
-    return cls(existing, duplicate_start=True)
 
 
 _warned: set[str] = set()
@@ -231,27 +211,6 @@ def _warn_if_unknown_to_dispatchers(cls: type[RunHandle]) -> None:
         cls.__qualname__,
         settings.AUTODISCOVER_MODULE,
         settings.AUTODISCOVER_MODULE,
-    )
-
-
-def _conflict(
-    cls: type[H],
-    subject_type: str | None,
-    subject_id: str | None,
-    idempotency_key: str | None,
-    payload: Any,
-) -> H:
-    """Explain a unique violation: a concurrent start with the same key, or an ongoing run."""
-    if idempotency_key is not None:
-        existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return _same_start(cls, existing, subject_type, subject_id, payload)
-    holder = WorkflowRun.objects.ongoing().for_subject(subject_type, subject_id).filter(workflow_class=cls.name).first()
-    handle = cls(holder) if holder is not None else None
-    raise AlreadyRunning(
-        f"{cls.name} already has an ongoing run for {subject_type} {subject_id}"
-        + (f": {holder.workflow_id} ({holder.status})" if holder else ""),
-        workflow=handle,
     )
 
 
@@ -361,7 +320,7 @@ def _insert_many(
     handles = []
     for record, (key, st, si, payload) in zip(records, checked, strict=True):
         # a refused run: a key used before (its run, or IdempotencyConflict) or a subject taken (AlreadyRunning)
-        handles.append(cls(record) if record.pk is not None else _conflict(cls, st, si, key, payload))
+        handles.append(cls(record) if record.pk is not None else conflict(cls, st, si, key, payload))
     new = [record for record in records if record.pk is not None]
     if not new:
         return handles

@@ -10,7 +10,7 @@ the run's creation, and records a ``debounced`` event. ``services.start`` calls 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import sql
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from .handle import RunHandle
 
 H = TypeVar("H", bound="RunHandle")
+
+#: What a start gives: its subject type, its subject id and its arguments as stored.
+Given = tuple[str | None, str | None, Any]
 
 #: The default key of a start without a subject: the class's subject-less starts collapse together.
 NO_SUBJECT_KEY = "none"
@@ -86,13 +89,12 @@ def lock_key(cls: type[RunHandle], key: str) -> None:
             cursor.execute(sql.statement("debounce_lock"), [f"{len(cls.name)}:{cls.name}:{key}"])
 
 
-def collapse(
-    cls: type[H], debounce: Debounce, key: str, payload: dict[str, Any], idempotency_key: str | None
-) -> H | None:
+def collapse(cls: type[H], debounce: Debounce, key: str, start: Given, idempotency_key: str | None) -> H | None:
     """Give the key's run that has not begun these arguments and a later first step; its handle, or None.
 
     None when the key has no such run: none is ready, or its active attempt is not the first
     attempt of the first step, still scheduled (it began, or an operator moved it on).
+    ``start``: the subject type, subject id and arguments this start gives.
     """
     run = (
         WorkflowRun.objects.select_for_update()
@@ -108,18 +110,34 @@ def collapse(
     not_begun = (first.name if first else None, 1, StepStatus.SCHEDULED)
     if step is None or (step.step_name, step.attempt, step.status) != not_begun:
         return None
+    subject_type, subject_id, payload = start
+    previous = step.scheduled_at
     due, capped = _due(debounce, ledger.now, run.created_at)
     step.scheduled_at = due
     rows.update(step, ["scheduled_at"])
     ledger.set_run(arguments=payload)
-    details: dict[str, Any] = {"argument_keys": sorted(payload), "scheduled_at": due.isoformat()}
+    details: dict[str, Any] = {
+        "arguments": payload,
+        "previous_scheduled_at": previous.isoformat(),
+        "scheduled_at": due.isoformat(),
+    }
     if capped:
         details["max_wait_reached"] = True
     if idempotency_key is not None:
         details["idempotency_key"] = idempotency_key
-    ledger.event("debounced", details=details)
+    if (subject_type, subject_id) != (run.subject_type, run.subject_id):  # a key callable may join subjects
+        details["subject"] = [subject_type, subject_id]
+    ledger.event("debounced", reason=_moved(step.step_name, previous, due, capped), details=details)
     ledger.flush()
     return cls(run, debounced=True)
+
+
+def _moved(step_name: str, previous: datetime, due: datetime, capped: bool) -> str:
+    """The event's note: ``push moved from 12:00:30 to 12:00:45 UTC`` (the date too when it differs)."""
+    old, new = (moment.astimezone(UTC) for moment in (previous, due))
+    shape = "%H:%M:%S" if old.date() == new.date() else "%Y-%m-%d %H:%M:%S"
+    note = f"{step_name} moved from {old:{shape}} to {new:{shape}} UTC"
+    return f"{note} (max_wait)" if capped else note
 
 
 def _due(debounce: Debounce, now: datetime, created_at: datetime) -> tuple[datetime, bool]:

@@ -80,7 +80,7 @@ def _start_debounced(cls: type[H], declared: Debounce, key: str, checked: Checke
             existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
             if existing is not None:
                 return same_start(cls, existing, subject_type, subject_id, payload)
-        collapsed = collapse(cls, declared, key, payload, idempotency_key)
+        collapsed = collapse(cls, declared, key, (subject_type, subject_id, payload), idempotency_key)
         if collapsed is not None:
             return collapsed
         return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, None, debounce=(key, declared))

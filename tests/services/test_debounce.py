@@ -2,7 +2,7 @@
 
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -108,6 +108,12 @@ def _shift_back(wf, by):
     WorkflowStep.objects.filter(pk=step_row.pk).update(scheduled_at=step_row.scheduled_at - by)
 
 
+def _clock_time(moment, other):
+    """How the event's note writes ``moment``: its UTC time, with the date when ``other``'s differs."""
+    moment, other = moment.astimezone(UTC), other.astimezone(UTC)
+    return f"{moment:%H:%M:%S}" if moment.date() == other.date() else f"{moment:%Y-%m-%d %H:%M:%S}"
+
+
 # -- collapsing ----------------------------------------------------------------------------------------
 
 
@@ -127,8 +133,12 @@ def test_starts_of_one_key_collapse_into_one_run_with_the_latest_arguments_and_a
     assert third.arguments == run.arguments
     assert kinds(first) == ["started", "debounced", "debounced"]
     debounced = events_of(first, "debounced")
-    assert [e.details["argument_keys"] for e in debounced] == [["account_id", "note"], ["account_id", "extra", "note"]]
+    assert [e.details["arguments"] for e in debounced] == [
+        {"account_id": 7, "note": "b"},
+        {"account_id": 7, "note": "c", "extra": 1},
+    ]
     assert debounced[-1].details["scheduled_at"] == scheduled(first).scheduled_at.isoformat()
+    assert debounced[-1].details["previous_scheduled_at"] == debounced[0].details["scheduled_at"]
     assert [s.step_name for s in steps_of(first)] == ["push"]  # one attempt, moved: none added
 
 
@@ -149,7 +159,14 @@ def test_a_collapsed_start_moves_the_first_step_to_a_period_from_now():
     moved = scheduled(wf).scheduled_at
     assert before + PERIOD <= moved <= after + PERIOD
     assert moved - earlier >= timedelta(seconds=20)
-    assert "max_wait_reached" not in events_of(wf, "debounced")[0].details
+    [event] = events_of(wf, "debounced")
+    assert "max_wait_reached" not in event.details
+    # The event says when the first step was due and when it is now: in its details, and as its note.
+    assert (event.details["previous_scheduled_at"], event.details["scheduled_at"]) == (
+        earlier.isoformat(),
+        moved.isoformat(),
+    )
+    assert event.reason == f"push moved from {_clock_time(earlier, moved)} to {_clock_time(moved, earlier)} UTC"
 
 
 @pytest.mark.django_db
@@ -160,7 +177,9 @@ def test_max_wait_after_the_runs_creation_bounds_the_first_steps_time(order):
     assert again.debounced
     run = WorkflowRun.objects.get(pk=wf.record.pk)
     assert scheduled(wf).scheduled_at == run.created_at + timedelta(seconds=60)
-    assert events_of(wf, "debounced")[0].details["max_wait_reached"] is True
+    [event] = events_of(wf, "debounced")
+    assert event.details["max_wait_reached"] is True
+    assert event.reason.endswith(" UTC (max_wait)")
 
 
 @pytest.mark.django_db
@@ -176,6 +195,20 @@ def test_without_a_key_the_subject_is_the_key_and_subject_less_starts_share_one(
     assert d.workflow_id == e.workflow_id and e.debounced and not d.debounced
     assert _run_count(DebouncedBySubject) == 3
     assert WorkflowRun.objects.get(pk=a.record.pk).debounce_key == f"testapp.order:{order.pk}"
+
+
+@pytest.mark.django_db
+def test_a_collapsed_start_about_another_subject_leaves_the_runs_subject_and_its_event_names_its_own(order):
+    other = Order.objects.create()
+    wf = DebouncedSync.start(order, account_id=9)
+    same = DebouncedSync.start(order, account_id=9, n=1)
+    elsewhere = DebouncedSync.start(other, account_id=9, n=2)
+    assert same.debounced and elsewhere.debounced and elsewhere.workflow_id == wf.workflow_id
+    run = WorkflowRun.objects.get(pk=wf.record.pk)
+    assert (run.subject_type, run.subject_id) == ("testapp.order", str(order.pk))
+    first, second = events_of(wf, "debounced")
+    assert "subject" not in first.details
+    assert second.details["subject"] == ["testapp.order", str(other.pk)]
 
 
 @pytest.mark.django_db

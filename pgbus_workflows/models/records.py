@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -66,6 +66,10 @@ class WorkflowEvent(models.Model):
             models.Index(fields=["step"], condition=Q(step__isnull=False), name="pgbus_wf_event_step"),
             models.Index(
                 fields=["kind", "id"], condition=Q(kind__in=NOTABLE_EVENT_KINDS), name="pgbus_wf_event_notable"
+            ),
+            # The idempotency keys of the starts that collapsed into a debounced run (services.debounce).
+            models.Index(
+                F("details__idempotency_key"), condition=Q(kind="debounced"), name="pgbus_wf_event_debounced_key"
             ),
         ]
 

@@ -4,8 +4,10 @@ A class with ``debounce = Debounce(...)`` (``dsl.debounce``) stores each new run
 (``WorkflowRun.debounce_key``) and schedules its first step ``period`` later. A later
 ``start()`` of the key, while that step is still its first attempt, scheduled, gives the run
 the new arguments and moves the step to ``period`` from now, never past ``max_wait`` after
-the run's creation, and records a ``debounced`` event. ``services.start`` calls these under
-:func:`lock_key`, so two starts of one key never both miss the run and create two.
+the run's creation, and records a ``debounced`` event (with the start's idempotency key, which
+:func:`start_of_key` finds again: a repeat of that start gives the run and moves nothing).
+``services.start`` calls these under :func:`lock_key`, so two starts of one key never both
+miss the run and create two.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import sql
 from ..dsl.debounce import MAX_DEBOUNCE_KEY_LENGTH, Debounce, valid_key
-from ..models import WorkflowRun
+from ..models import WorkflowEvent, WorkflowRun
 from ..sql import rows
 from ..states import RunStatus, StepStatus
 from .ledger import RunLedger
@@ -130,6 +132,34 @@ def collapse(cls: type[H], debounce: Debounce, key: str, start: Given, idempoten
     ledger.event("debounced", reason=_moved(step.step_name, previous, due, capped), details=details)
     ledger.flush()
     return cls(run, debounced=True)
+
+
+def start_of_key(cls: type[RunHandle], idempotency_key: str) -> tuple[WorkflowRun, Given] | None:
+    """The run a start of ``cls`` with this idempotency key went into, and what that start gave; or None.
+
+    The run that holds the key (its first start: the ``started`` event has the arguments it
+    gave, a debounced run's own being the latest start's), else the run a start with the key
+    collapsed into (its ``debounced`` event, found through ``pgbus_wf_event_debounced_key``).
+    """
+    run = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
+    if run is not None:
+        arguments = run.arguments
+        if run.debounce_key is not None:
+            started = WorkflowEvent.objects.filter(run_id=run.pk, kind="started").order_by("pk").first()
+            arguments = started.details.get("arguments", arguments) if started is not None else arguments
+        return run, (run.subject_type, run.subject_id, arguments)
+    event = (
+        WorkflowEvent.objects.filter(
+            kind="debounced", details__idempotency_key=idempotency_key, run__workflow_class=cls.name
+        )
+        .select_related("run")
+        .order_by("pk")
+        .first()
+    )
+    if event is None:
+        return None
+    subject_type, subject_id = event.details.get("subject", (event.run.subject_type, event.run.subject_id))
+    return event.run, (subject_type, subject_id, event.details["arguments"])
 
 
 def _moved(step_name: str, previous: datetime, due: datetime, capped: bool) -> str:

@@ -18,20 +18,31 @@ H = TypeVar("H", bound="RunHandle")
 
 
 def same_start(
-    cls: type[H], existing: WorkflowRun, subject_type: str | None, subject_id: str | None, payload: Any
+    cls: type[H],
+    existing: WorkflowRun,
+    subject_type: str | None,
+    subject_id: str | None,
+    payload: Any,
+    used: tuple[str, str | None, str | None, Any] | None = None,
 ) -> H:
-    """The run that holds the key, when this start asks for the same; else :class:`IdempotencyConflict`."""
+    """The run that holds the key, when this start asks for the same; else :class:`IdempotencyConflict`.
+
+    ``used``: the key and what the start that used it gave (subject type, subject id,
+    arguments), when that is not the run's own row (a debounced run's arguments are its
+    latest start's, and a start that collapsed into it used a key of its own).
+    """
+    key, *given = used or (existing.idempotency_key, existing.subject_type, existing.subject_id, existing.arguments)
     differences = []
-    if (existing.subject_type, existing.subject_id) != (subject_type, subject_id):
+    if (given[0], given[1]) != (subject_type, subject_id):
         differences.append(
-            f"subject {existing.subject_type or 'none'} {existing.subject_id or ''}".rstrip()
+            f"subject {given[0] or 'none'} {given[1] or ''}".rstrip()
             + f", not {subject_type or 'none'} {subject_id or ''}".rstrip()
         )
-    if existing.arguments != payload:
+    if given[2] != payload:
         differences.append("other arguments")
     if differences:
         raise IdempotencyConflict(
-            f"idempotency_key {existing.idempotency_key!r} of {cls.name} is taken by run {existing.workflow_id} "
+            f"idempotency_key {key!r} of {cls.name} is taken by run {existing.workflow_id} "
             f"({'; '.join(differences)}): nothing was started. Use a key per subject and arguments.",
             workflow=cls(existing),
         )

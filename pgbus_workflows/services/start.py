@@ -20,7 +20,7 @@ from ..migrated import explain
 from ..models import WorkflowRun
 from ..sql import bulk, clock, rows
 from ..states import RunStatus
-from .debounce import collapse, debounced_key, lock_key
+from .debounce import collapse, debounced_key, lock_key, start_of_key
 from .duplicates import conflict, same_start
 from .ledger import RunLedger
 from .payload import encode_payload, subject_reference
@@ -72,14 +72,19 @@ def start_run(
 
 
 def _start_debounced(cls: type[H], declared: Debounce, key: str, checked: Checked, actor: str | None) -> H:
-    """Collapse into the key's run that has not begun, or start one; the idempotency key is asked first."""
+    """Collapse into the key's run that has not begun, or start one; the idempotency key is asked first.
+
+    A key used before, by the run's first start or by a start that collapsed into it, gives
+    that run (``duplicate_start``) when this start gives what that one gave: nothing moves.
+    """
     idempotency_key, subject_type, subject_id, payload = checked
     with transaction.atomic():
         lock_key(cls, key)
         if idempotency_key is not None:
-            existing = WorkflowRun.objects.filter(workflow_class=cls.name, idempotency_key=idempotency_key).first()
-            if existing is not None:
-                return same_start(cls, existing, subject_type, subject_id, payload)
+            used = start_of_key(cls, idempotency_key)
+            if used is not None:
+                run, given = used
+                return same_start(cls, run, subject_type, subject_id, payload, (idempotency_key, *given))
         collapsed = collapse(cls, declared, key, (subject_type, subject_id, payload), idempotency_key)
         if collapsed is not None:
             return collapsed

@@ -9,7 +9,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import pgbus_workflows
-from pgbus_workflows import AlreadyRunning, ConfigurationError, Debounce, IdempotencyConflict, Workflow, sql, step
+from pgbus_workflows import AlreadyRunning, ConfigurationError, Debounce, Workflow, sql, step
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.services import schedules as schedule_verbs
 from pgbus_workflows.services.claims import claim_step
@@ -257,21 +257,7 @@ def test_a_run_past_its_first_step_is_left_alone_and_the_next_start_makes_a_run_
     assert "debounced" not in kinds(wf)
 
 
-# -- idempotency keys, start_many, reruns -------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_an_idempotency_key_is_asked_first_and_a_collapsed_starts_key_is_in_its_event():
-    wf = DebouncedSync.start(idempotency_key="k1", account_id=4)
-    again = DebouncedSync.start(idempotency_key="k1", account_id=4)
-    assert again.duplicate_start and not again.debounced and again.workflow_id == wf.workflow_id
-    assert "debounced" not in kinds(wf)
-    collapsed = DebouncedSync.start(idempotency_key="k2", account_id=4, n=2)
-    assert collapsed.debounced and collapsed.workflow_id == wf.workflow_id
-    assert events_of(wf, "debounced")[0].details["idempotency_key"] == "k2"
-    assert WorkflowRun.objects.get(pk=wf.record.pk).idempotency_key == "k1"
-    with pytest.raises(IdempotencyConflict):  # its run now holds the later start's arguments
-        DebouncedSync.start(idempotency_key="k1", account_id=4)
+# -- start_many, reruns (idempotency keys: test_debounce_idempotency.py) --------------------------------------
 
 
 @pytest.mark.django_db

@@ -174,3 +174,57 @@ def test_start_many_writes_in_chunks_on_sqlite(tmp_path):
         [sys.executable, "-c", START_MANY_ON_SQLITE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+DEBOUNCE_ON_SQLITE = """
+import django; django.setup()
+from django.core.management import call_command; call_command("migrate", verbosity=0)
+from datetime import timedelta
+from pgbus_workflows import Debounce, Workflow, step
+from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_step
+from pgbus_workflows.services.executor import execute_step
+
+class AccountSync(Workflow):
+    name = "sqlite_account_sync"
+    allow_multiple = True
+    debounce = Debounce(period=30, key=lambda wf: f"account:{wf.arguments['account_id']}", max_wait=300)
+
+    @step
+    def push(self):
+        return self.arguments
+
+first = AccountSync.start(idempotency_key="d1", account_id=1, note="a")
+step_row = WorkflowStep.objects.get(run_id=first.record.pk)
+assert step_row.scheduled_at - first.record.created_at == timedelta(seconds=30)
+second = AccountSync.start(idempotency_key="d2", account_id=1, note="b")
+assert second.debounced and second.workflow_id == first.workflow_id
+run = WorkflowRun.objects.get(pk=first.record.pk)
+assert (run.debounce_key, run.arguments) == ("account:1", {"account_id": 1, "note": "b"}), run.arguments
+[event] = WorkflowEvent.objects.filter(run=run, kind="debounced")
+assert event.details["idempotency_key"] == "d2" and event.reason.startswith("push moved from "), event.reason
+moved = WorkflowStep.objects.get(pk=step_row.pk).scheduled_at
+assert moved > step_row.scheduled_at
+for key, note in (("d1", "a"), ("d2", "b")):  # repeats: the run, nothing moved
+    again = AccountSync.start(idempotency_key=key, account_id=1, note=note)
+    assert again.duplicate_start and not again.debounced and again.workflow_id == first.workflow_id
+assert WorkflowStep.objects.get(pk=step_row.pk).scheduled_at == moved
+assert WorkflowEvent.objects.filter(kind="debounced").count() == 1
+other = AccountSync.start(account_id=2)
+assert not other.debounced and other.workflow_id != first.workflow_id
+execute_step(claim_step(step_row.pk, "sqlite"))  # the first step began (and ended): a start is a new run
+assert WorkflowRun.objects.get(pk=run.pk).status == "finished"
+fresh = AccountSync.start(account_id=1, note="c")
+assert not fresh.debounced and fresh.workflow_id != first.workflow_id
+assert AccountSync.start(account_id=1, note="d").workflow_id == fresh.workflow_id
+print("ok")
+"""
+
+
+def test_debounce_collapses_starts_and_answers_repeated_keys_on_sqlite(tmp_path):
+    """The collapse without PostgreSQL's advisory lock (SQLite has one writer at a time) and migration 0014's index."""
+    env = {**sqlite_env(tmp_path / "debounce.sqlite3"), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", DEBOUNCE_ON_SQLITE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr

@@ -37,7 +37,7 @@ from .run_page import run_page_context
 
 #: The run page's header, all read-only.
 RUN_FIELDS: tuple[str, ...] = ("workflow_id", "workflow_class", "subject", "coloured_status", "current_step")
-RUN_FIELDS += ("paused_reason", "arguments_json", "idempotency_key", "allow_multiple", "rerun_of_link")
+RUN_FIELDS += ("paused_reason", "arguments_json", "idempotency_key", "debounce_key", "allow_multiple", "rerun_of_link")
 RUN_FIELDS += ("schedule_link", "scheduled_for")
 RUN_READONLY: tuple[str, ...] = ("short_id", "subject", "coloured_status", "attempt", "age", "arguments_json")
 RUN_READONLY += ("rerun_of_link", "schedule_link")
@@ -49,7 +49,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
 
     list_display = (
         "short_id",
-        "workflow_class",
+        "class_and_debounce_key",
         "subject",
         "coloured_status",
         "current_step",
@@ -100,6 +100,28 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
     @admin.display(description=_("run"), ordering="workflow_id")  # the unique index orders it
     def short_id(self, run: WorkflowRun) -> SafeString:
         return format_html('<span title="{}">{}</span>', run.workflow_id, str(run.workflow_id)[:8])
+
+    @admin.display(description=_("workflow class"))
+    def class_and_debounce_key(self, run: WorkflowRun) -> str:
+        """The class, and under it the run's debounce key when it has one (a debounced class's start())."""
+        if run.debounce_key is None:
+            return run.workflow_class
+        return format_html(
+            '{}<div class="pgbus-muted pgbus-debounce-key" title="{}">{}</div>',
+            run.workflow_class,
+            _("debounce key"),
+            run.debounce_key,
+        )
+
+    def get_fieldsets(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
+        """The run page's fields; the debounce key only on a run that has one."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and obj.debounce_key is not None:
+            return fieldsets
+        return [
+            (name, {**options, "fields": [f for f in options["fields"] if f != "debounce_key"]})
+            for name, options in fieldsets
+        ]
 
     @admin.display(description=_("subject"))
     def subject(self, run: WorkflowRun) -> str:

@@ -141,6 +141,7 @@ def run_details(run: WorkflowRun) -> dict[str, Any]:
         **run_row(run),
         "arguments": run.arguments,
         "idempotency_key": run.idempotency_key,
+        "debounce_key": run.debounce_key,
         "allow_multiple": run.allow_multiple,
         "paused_reason": run.paused_reason,
         "rerun_of": str(run.rerun_of) if run.rerun_of else None,

@@ -110,6 +110,7 @@ RUN_FIELDS = [
     ("subject", "subject"),
     ("arguments", "arguments"),
     ("idempotency_key", "idempotency key"),
+    ("debounce_key", "debounce key"),
     ("rerun_of", "rerun of"),
     ("parent", "parent run"),
     ("children", "children"),

@@ -2,7 +2,7 @@
 
 Real workflows wait days (``wait=timedelta(days=2)``); the example project waits seconds so
 that ``manage.py demo`` shows the waits happen. ``wait=`` callables read the setting each
-time a step is scheduled; ``wait_timeout=`` is fixed when the class is defined.
+time a step is scheduled; ``wait_timeout=`` and ``backoff()`` are fixed when the class is defined.
 """
 
 from __future__ import annotations

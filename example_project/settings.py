@@ -77,5 +77,5 @@ EXAMPLE_DURATIONS = {
     "signup_tips_after": 2,  # welcome email -> tips email (real life: 2 days)
     "signup_offer_after": 2,  # tips email -> upgrade offer (real life: 5 days)
     "payment_timeout": 4,  # an order waits this long for its payment (real life: 1 hour)
-    "carrier_retry": 0.5,  # first wait before calling the carrier again, doubled each time
+    "carrier_retry": 0.5,  # the carrier's backoff: at most this before the first call again, doubled each time
 }

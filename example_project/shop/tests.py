@@ -103,6 +103,12 @@ class OrderFulfilmentTests(WorkflowTestMixin, TestCase):
             self.speedrun_workflow(wf)
         self.assertWorkflowStatus(wf, "paused")
         self.assertEqual(wf.steps.filter(step_name="ship").count(), 6)
+        # backoff(): reattempt n waits a random part of 0.5 s * 2 ** (n - 1), capped at 4 s.
+        reattempts = wf.events.filter(kind="step_reattempted").order_by("pk")
+        waits = [event.details["wait_seconds"] for event in reattempts]
+        self.assertEqual(len(waits), 5)
+        for wait, ceiling in zip(waits, (0.5, 1, 2, 4, 4), strict=True):
+            self.assertTrue(0 <= wait <= ceiling, (waits, ceiling))
 
     def test_a_wrong_amount_pauses_the_run(self) -> None:
         wf = self.waiting_for_payment(place())

@@ -2,7 +2,7 @@
 
 Shows ``wait_for=`` with ``wait_timeout=`` and ``on_timeout=`` (an unpaid order expires),
 ``self.received_signal`` and ``self.timed_out``, a class ``OnException`` reattempt policy
-for a flaky carrier (with backoff and ``max_reattempts``), ``step_idempotency_key`` for a
+for a flaky carrier (with ``backoff()`` and ``max_reattempts``), ``step_idempotency_key`` for a
 side effect, and the default policy (pause) for an error no retry can fix.
 """
 
@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgbus_workflows import OnException, Workflow, step
+from pgbus_workflows import OnException, Workflow, backoff, step
 
 from ..durations import duration
 from .carrier import CarrierUnavailable, book_shipment
 from .models import Order, Payment
-
-
-def carrier_backoff(attempt: int) -> Any:
-    """0.5 s, 1 s, 2 s, ... between the calls to the carrier (real life: minutes)."""
-    return duration("carrier_retry") * 2 ** (attempt - 1)
 
 
 class OrderFulfilment(Workflow):
@@ -27,8 +22,15 @@ class OrderFulfilment(Workflow):
 
     name = "shop_order"
     exception_policies = [
-        # The carrier's timeouts: call again after a backoff; after 5 in a row, pause for an operator.
-        OnException(CarrierUnavailable, action="reattempt", wait=carrier_backoff, max_reattempts=5),
+        # The carrier's timeouts: call again after an exponential backoff with full jitter (attempt n
+        # waits a random part of 0.5 s * 2 ** (n - 1), at most 4 s; real life: minutes), so that
+        # orders failed by one outage do not all call back at once; after 5 in a row, pause.
+        OnException(
+            CarrierUnavailable,
+            action="reattempt",
+            wait=backoff(base=duration("carrier_retry"), max=duration("carrier_retry") * 8),
+            max_reattempts=5,
+        ),
     ]
 
     @step

@@ -159,7 +159,8 @@ def start_of_key(cls: type[RunHandle], idempotency_key: str) -> tuple[WorkflowRu
     if event is None:
         return None
     subject_type, subject_id = event.details.get("subject", (event.run.subject_type, event.run.subject_id))
-    return event.run, (subject_type, subject_id, event.details["arguments"])
+    # An event written before the events held the arguments (argument_keys only): the run's are compared.
+    return event.run, (subject_type, subject_id, event.details.get("arguments", event.run.arguments))
 
 
 def _moved(step_name: str, previous: datetime, due: datetime, capped: bool) -> str:

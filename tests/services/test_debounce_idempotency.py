@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from pgbus_workflows import Debounce, IdempotencyConflict, Workflow, step
-from pgbus_workflows.models import WorkflowRun
+from pgbus_workflows.models import WorkflowEvent, WorkflowRun
 from pgbus_workflows.services.debounce import start_of_key
 from tests.sql.test_query_plans import nodes, plan_of
 from tests.support import events_of, kinds, run_next, scheduled, snapshot
@@ -182,3 +182,13 @@ def test_keys_are_per_class_and_a_collapse_in_one_class_does_not_answer_another(
     other = StrictKeys.start(idempotency_key="collapsed-here", account_id=7)
     assert not other.duplicate_start and not other.debounced
     assert scheduled(other).step_name == "push"
+
+
+def test_a_key_in_an_older_debounced_event_without_arguments_is_compared_with_the_runs():
+    wf = AccountSync.start(idempotency_key="delivery-1", account_id=8, note="a")
+    AccountSync.start(idempotency_key="delivery-2", account_id=8, note="b")
+    [event] = events_of(wf, "debounced")
+    older = {"argument_keys": ["account_id", "note"], "idempotency_key": "delivery-2"}
+    WorkflowEvent.objects.filter(pk=event.pk).update(details=older)  # as the first release wrote it
+    again = AccountSync.start(idempotency_key="delivery-2", account_id=8, note="b")
+    assert again.duplicate_start and again.workflow_id == wf.workflow_id

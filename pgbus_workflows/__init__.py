@@ -2,7 +2,7 @@
 
 Import the public API from here::
 
-    from pgbus_workflows import Workflow, OnException, Schedule, Debounce, backoff, step, removed_step
+    from pgbus_workflows import Workflow, OnException, Schedule, Concurrency, RateLimit, Debounce, backoff, step
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -11,6 +11,7 @@ from .dsl.backoff import backoff
 from .dsl.debounce import Debounce
 from .dsl.definitions import OnException, fan_out, removed_step, step
 from .dsl.jobs import Child, Job
+from .dsl.limits import Concurrency, RateLimit
 from .dsl.schedules import Schedule
 from .exceptions import (
     AlreadyRunning,
@@ -46,6 +47,7 @@ __all__ = [
     "Child",
     "ChildConflict",
     "ChildDepthExceeded",
+    "Concurrency",
     "ConfigurationError",
     "Debounce",
     "FanOutFailed",
@@ -59,6 +61,7 @@ __all__ = [
     "OnException",
     "PayloadNotSerializable",
     "PayloadTooLarge",
+    "RateLimit",
     "Schedule",
     "StepNotDefined",
     "StepStalled",

@@ -89,8 +89,16 @@ class DatabaseCollector:
         )
         for row in payload["stuck"]:
             stuck.add_metric([row["workflow_class"], row["reason"]], row["count"])
+        held = GaugeMetricFamily(
+            "pgbus_workflows_held_back_steps",
+            "Steps due now and held back by a Concurrency or RateLimit with no room, by class and step.",
+            labels=["workflow_class", "step"],
+        )
+        for row in payload["held_back"]:
+            held.add_metric([row["workflow_class"], row["step"]], row["count"])
         yield runs
         yield stuck
+        yield held
         yield from _dispatchers(now)
 
 

@@ -12,6 +12,7 @@ from .records import (
     FanOutJobAdmin,
     ReadOnlyAdmin,
     WorkflowEventAdmin,
+    WorkflowLimiterAdmin,
     WorkflowSignalAdmin,
     WorkflowStepAdmin,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "FanOutJobAdmin",
     "ReadOnlyAdmin",
     "WorkflowEventAdmin",
+    "WorkflowLimiterAdmin",
     "WorkflowRunAdmin",
     "WorkflowScheduleAdmin",
     "WorkflowSignalAdmin",

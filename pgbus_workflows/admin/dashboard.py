@@ -113,6 +113,7 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
         "dispatchers": _dispatchers(now) if may_view(site, request, Dispatcher) else None,
         "recent_steps": _recent_steps(site, now),
         "children_of_paused": _children_of_paused(data["statuses"], runs(status=RunStatus.PAUSED)),
+        "held_back": data["held_back"],  # every step under a limit, by class and step
         "now": now,
     }
 

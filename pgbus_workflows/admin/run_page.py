@@ -25,6 +25,7 @@ from django.utils.translation import gettext as _
 
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.children import CHILD_PREFIX
+from ..services.limiting import describe, held_back
 from ..sql import clock
 from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
 from .display import change_url, changelist_url, format_duration, pretty_json, status_badge
@@ -71,6 +72,8 @@ def run_page_context(modeladmin: OperatedAdmin, request: HttpRequest, run: Workf
     shown = [section for section in (STEPS, EVENTS, SIGNALS) if may_view(site, request, section.model)]
     counts = section_counts(run, shown)
     context: dict[str, Any] = {"operation_buttons": buttons, "timeline": None, "events": None, "signals": None}
+    holds = held_back(active, now) if active is not None else []
+    context["held_back"] = {"step": active.step_name, "text": describe(holds)} if active and holds else None
     if STEPS in shown:
         pager = page_of(request, STEPS, counts[STEPS])
         page = run.steps.order_by("-pk")[pager["offset"] : pager["offset"] + PAGE_ROWS]

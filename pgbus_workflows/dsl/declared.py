@@ -22,6 +22,7 @@ from ..conf import settings
 from ..exceptions import ConfigurationError, StepNotDefined
 from .debounce import Debounce
 from .definitions import OnException, StepDefinition, ordered_steps, with_name
+from .limits import Concurrency, RateLimit
 from .schedules import Schedule
 from .validation import validate_class
 
@@ -169,6 +170,10 @@ class DeclaredWorkflow(metaclass=WorkflowMeta):
     allow_multiple: ClassVar[bool] = False
     #: Collapse starts of one key into the run whose first step has not begun (``Debounce``).
     debounce: ClassVar[Debounce | None] = None
+    #: At most ``limit`` steps of the runs sharing a key in progress at once (``Concurrency``).
+    concurrency: ClassVar[Concurrency | None] = None
+    #: At most ``limit`` steps of a key started per period (``RateLimit``).
+    rate_limit: ClassVar[RateLimit | None] = None
     #: Keep going when the subject row was deleted (otherwise the run is cancelled).
     allow_missing_subject: ClassVar[bool] = False
     #: An abstract class is not registered; its subclasses are.

@@ -146,6 +146,9 @@ class StepDefinition:
     on_job_failure: str = "fail"
     #: Earlier names of this step: runs scheduled or waiting on one continue on this step.
     renamed_from: tuple[str, ...] = ()
+    #: ``Concurrency`` and ``RateLimit`` of this step (``dsl.limits``; checked with the class).
+    concurrency: Any = None
+    rate_limit: Any = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -265,6 +268,8 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
         wait_timeout=None if wait_timeout is None else coerce_duration(wait_timeout, "wait_timeout"),
         on_timeout=on_timeout,
         renamed_from=_check_renamed_from(options.get("renamed_from")),
+        concurrency=options.get("concurrency"),
+        rate_limit=options.get("rate_limit"),
         options=options,
     )
 
@@ -283,13 +288,15 @@ STEP_OPTIONS = frozenset(
         "priority",
         "atomic",
         "renamed_from",
+        "concurrency",
+        "rate_limit",
     }
 )
 
 
 FAN_OUT_OPTIONS = frozenset(
     {"wait", "skip_if", "timeout", "on_exception", "max_reattempts", "queue", "priority", "renamed_from"}
-    | {"max_attempts", "backoff", "on_job_failure"}
+    | {"max_attempts", "backoff", "on_job_failure", "concurrency", "rate_limit"}
 )
 
 

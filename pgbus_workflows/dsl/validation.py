@@ -11,6 +11,7 @@ import inspect
 from ..exceptions import ConfigurationError
 from .debounce import Debounce
 from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition
+from .limits import Concurrency, RateLimit, check_limit_option
 from .schedules import declared_schedules
 
 
@@ -40,6 +41,7 @@ def validate_class(cls: type) -> None:
         raise ConfigurationError(f"{cls.__qualname__}.extra_signals must be a list of signal names")
     declared_schedules(cls)
     _validate_debounce(cls)
+    _validate_limits(cls)
     _validate_names(cls)
     _validate_conditions(cls)
 
@@ -62,6 +64,17 @@ def _validate_debounce(cls: type) -> None:
             f"{cls.__qualname__}.{first.name}: the first step of a debounced class takes no wait "
             "(it waits the debounce period)"
         )
+
+
+def _validate_limits(cls: type) -> None:
+    """``concurrency`` and ``rate_limit``, on the class and on each step, are a ``Concurrency`` and a ``RateLimit``."""
+    check_limit_option(cls.__dict__.get("concurrency"), Concurrency, f"{cls.__qualname__}.concurrency")
+    check_limit_option(cls.__dict__.get("rate_limit"), RateLimit, f"{cls.__qualname__}.rate_limit")
+    steps: tuple[StepDefinition, ...] = cls._step_definitions  # type: ignore[attr-defined]
+    for definition in steps:
+        where = f"{cls.__qualname__}.{definition.name}"
+        check_limit_option(definition.concurrency, Concurrency, f"{where}: concurrency=")
+        check_limit_option(definition.rate_limit, RateLimit, f"{where}: rate_limit=")
 
 
 def _validate_names(cls: type) -> None:

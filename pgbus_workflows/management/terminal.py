@@ -13,6 +13,8 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
+from ..services.limiting import describe
+
 #: The widest a table cell or a field of ``show`` gets (longer text ends in "..."; ``show --full``
 #: and ``--json`` have it whole).
 MAX_CELL = 60
@@ -149,6 +151,9 @@ def run_page(page: dict[str, Any], full: bool = False) -> list[str]:
     ]
     verbs = ", ".join(TYPED.get(verb, verb) for verb in page["allowed_verbs"]) or "none"
     lines.append(f"  {'may now'.ljust(width)}  {verbs}")
+    if page.get("held_back"):
+        held = page["held_back"]
+        lines.append(f"  {'held back'.ljust(width)}  step {held['step']} by {describe(held['limits'])}")
     sections = [
         ("Attempts", "attempts", "older_attempts_omitted", ATTEMPT_COLUMNS, "--attempts"),
         ("Events", "events", "older_events_omitted", EVENT_COLUMNS, "--events"),

@@ -2,7 +2,7 @@
 
 Models are data and queries only; ``services/`` is the one place that changes them. This
 package's modules split them by role (``runs``: runs and step attempts; ``records``: events,
-signals, fan-out jobs, dispatchers; ``schedules``); every name is re-exported here, so
+signals, fan-out jobs, dispatchers; ``schedules``; ``limiters``); every name is re-exported here, so
 ``pgbus_workflows.models`` stays the one import path (and Django finds every model through it).
 """
 
@@ -16,6 +16,7 @@ from ..states import (
     StepOutcomeKind,
     StepStatus,
 )
+from .limiters import WorkflowLimiter
 from .records import (
     NOTABLE_EVENT_KINDS,
     UNFINISHED_JOB,
@@ -45,6 +46,7 @@ __all__ = [
     "StepOutcomeKind",
     "StepStatus",
     "WorkflowEvent",
+    "WorkflowLimiter",
     "WorkflowRun",
     "WorkflowRunQuerySet",
     "WorkflowSchedule",

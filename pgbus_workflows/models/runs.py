@@ -234,6 +234,9 @@ class WorkflowStep(models.Model):
         verbose_name=_("received signal"),
         db_index=False,
     )
+    #: The names of the limiters (``WorkflowLimiter``) this attempt is under, or None: a step
+    #: of a class without ``Concurrency`` or ``RateLimit``, which the claim takes as before.
+    limiters = models.JSONField(_("limiters"), null=True, blank=True)
     #: Set on a fan-out attempt: how many jobs it opened.
     fan_out_total = models.PositiveIntegerField(_("fan-out jobs"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
@@ -272,6 +275,12 @@ class WorkflowStep(models.Model):
                 fields=["id"], condition=Q(status__in=sorted(UNSUCCESSFUL_STEP)), name="pgbus_wf_step_unsuccessful"
             ),
             models.Index(fields=["signal"], condition=Q(signal__isnull=False), name="pgbus_wf_step_signal"),
+            # What holds steps back (the gauge, the dashboard): only scheduled attempts under limits.
+            models.Index(
+                fields=["scheduled_at"],
+                condition=Q(status=StepStatus.SCHEDULED, limiters__isnull=False),
+                name="pgbus_wf_step_limited",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -22,10 +22,11 @@ from psycopg.types.json import Jsonb
 
 from .. import signals, sql
 from ..conf import settings
-from ..dsl.deploy import can_run_step, catalog_json
+from ..dsl.deploy import can_run_step, catalog_json, limits_declared
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..states import JobStatus, RunStatus, StepStatus
+from . import limiting
 from .ledger import SYSTEM_ACTOR, RunLedger
 from .locks import locked_step, locked_steps
 from .outcome import stall_step
@@ -143,7 +144,9 @@ def _claim_pass(
     claimed; ``unknown`` pairs are left out of them, and a due step of a pair this process's
     code cannot run is passed over.
     """
-    params: list[Any] = [value for pair in unknown for value in pair]  # the run's lateral subquery comes first
+    limited = limits_declared()
+    params: list[Any] = [now] if limited else []  # the limiters' clock
+    params += [value for pair in unknown for value in pair]  # the run's lateral subquery comes first
     params += [due_by, *([] if queues is None else [queues])]
     params += [limit, limit]  # a priority's, the claim's
     params += [_catalog_parameter(), now, claimed_by, now, settings.STALL_THRESHOLD, now]
@@ -151,7 +154,7 @@ def _claim_pass(
     db = transaction.get_connection()
     params += [rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)]
     params += [now, *([] if queues is None else [queues])] * 3  # the look-ahead: steps, jobs later, jobs now
-    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction)
+    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction, limited)
     if own_transaction:
         found = sql.fetch_in_index_order(text, params)
     else:  # the setting would last until the caller's commit
@@ -165,7 +168,8 @@ def _claim_pass(
         if row[3] is None:
             continue  # nothing was due: the look-ahead's row alone
         if row[5] is None:
-            passed_over.add((row[3], row[4]))
+            if not limited or not can_run_step(row[3], row[4]):  # else: past its key's room, left for later
+                passed_over.add((row[3], row[4]))
             continue
         step = rows.from_row(WorkflowStep, row[split:])
         step.run = rows.from_row(WorkflowRun, row[5:split])
@@ -262,8 +266,8 @@ def _claim(pairs: list[tuple[int, int]], now: Any, claimed_by: str) -> list[Work
         for ledger, step in units:
             if ledger is None or step is None or step.status != StepStatus.SCHEDULED:
                 continue
-            if ledger.run.status != RunStatus.READY:
-                continue
+            if ledger.run.status != RunStatus.READY or not limiting.take(step, now):
+                continue  # not ready, or held back by a limit with no room
             _claim_in_ledger(ledger, step, claimed_by)
             claimed.append(step)
     return claimed

@@ -29,6 +29,7 @@ from ..states import (
     step_event,
     unless_paused,
 )
+from . import limiting
 from .handle import handle_class
 from .lineage import END_FIELDS, child_end, settle_after_commit
 from .payload import storable_text
@@ -164,6 +165,8 @@ class RunLedger:
     def move_step(self, step: WorkflowStep, event: str, **fields: Any) -> None:
         """Move an attempt through ``event`` (``states.STEP_EVENTS``, checked) and save it."""
         target = step_event(event, step.status)
+        if limiting.release(limiting.releases(step, step.status, target), self.writes):
+            self.wake(step.queue)  # a step held back by the slot it gave back is claimed now
         step.status = target
         for name, value in fields.items():
             setattr(step, name, value)
@@ -210,7 +213,7 @@ class RunLedger:
             wait = resolve_wait(definition.wait, attempt or 1)
         step = self.new_attempt(definition, attempt or 1, wait, retry_of)
         queue = step.queue
-        chained = self._may_chain(queue, wait)
+        chained = not step.limiters and self._may_chain(queue, wait)  # a limited step waits for the claim's room
         if chained and self.claim_for is not None:
             step.status = StepStatus.IN_PROGRESS
             step.started_at = self.now
@@ -253,6 +256,7 @@ class RunLedger:
             created_at=self.now,
             signal_id=retry_of.signal_id if carry and retry_of is not None else None,
             timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
+            limiters=limiting.bind(self.cls, definition, self.run, self.now),
         )
 
     def _may_chain(self, queue: str, wait: timedelta) -> bool:

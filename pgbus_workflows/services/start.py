@@ -23,6 +23,7 @@ from ..states import RunStatus
 from .debounce import collapse, debounced_key, lock_key, start_of_key
 from .duplicates import conflict, same_start
 from .ledger import RunLedger
+from .limiting import bind_copy
 from .payload import encode_payload, subject_reference
 
 logger = logging.getLogger("pgbus_workflows")
@@ -334,7 +335,7 @@ def _insert_many(
     attempt = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
     started = ledger.new_event("started", actor=actor, transition=("", "", RunStatus.READY))
     writes = bulk.WriteBatch()
-    writes.inserts = [rows.clone(attempt, run_id=record.pk) for record in new]
+    writes.inserts = [rows.clone(attempt, run_id=r.pk, limiters=bind_copy(cls, first, r, attempt)) for r in new]
     writes.rows = [rows.clone(started, run_id=record.pk, details=_started_details(record)) for record in new]
     writes.notify.add(attempt.queue)
     if signals.workflow_started.has_listeners():

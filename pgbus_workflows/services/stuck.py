@@ -18,10 +18,12 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 from .. import sql
 from ..conf import settings
 from ..dsl.declared import registry
+from ..dsl.limits import declared_limits
 from ..models import WorkflowRun, WorkflowStep
 from ..sql.counting import bounded_pair_counts, distinct_values, planner_estimate
 from ..states import RunStatus, StepStatus
 from .fanout_recovery import ended_fan_outs
+from .limiting import held_back_counts
 
 #: Why a run counts as stuck, in the order the gauge, the dashboard and the CLI list them.
 STUCK_REASONS = ("stalled", "overdue", "waiting_overdue", "paused_on_error", "fan_out_unresolved")
@@ -93,7 +95,7 @@ def stuck_counts(now: datetime, classes: Sequence[str] | None = None) -> dict[tu
 
 
 def gauge(now: datetime) -> dict[str, list[dict[str, Any]]]:
-    """The gauge payload: every class x every status and every stuck reason, zero-filled.
+    """The gauge payload: every class x every status and every stuck reason, zero-filled, and the held-back steps.
 
     Read through indexes only (the class index's values one probe each, bounded counts in
     the (class, status) index, the steps' partial indexes): a count above
@@ -102,9 +104,25 @@ def gauge(now: datetime) -> dict[str, list[dict[str, Any]]]:
     stored = distinct_values(WorkflowRun, "workflow_class") if sql.postgresql() else None
     statuses, stuck = status_counts(stored), stuck_counts(now, stored)
     classes = sorted({k for k, _ in statuses} | {k for k, _ in stuck} | {c.name for c in registry.classes()})
+    held = held_back_counts(now)
     return {
         "statuses": _zero_filled(classes, RunStatus.values, statuses, "status"),
         "stuck": _zero_filled(classes, list(STUCK_REASONS), stuck, "reason"),
+        # Per class and step, never per key (keys are unbounded): every limited step, zero-filled.
+        "held_back": [
+            {"workflow_class": klass, "step": name, "count": held.get((klass, name), 0)}
+            for klass, name in sorted(set(held) | limited_steps())
+        ],
+    }
+
+
+def limited_steps() -> set[tuple[str, str]]:
+    """``(class, step)`` of every registered step under a limit (the gauge reports them even at zero)."""
+    return {
+        (cls.name, definition.name)
+        for cls in registry.classes()
+        for definition in cls.step_definitions()
+        if declared_limits(cls, definition)
     }
 
 

@@ -28,7 +28,7 @@ from psycopg import postgres
 from psycopg.abc import Loader
 from psycopg.adapt import PyFormat
 
-from . import claiming, debouncing  # noqa: F401  (register the claims' and the debounce's statements)
+from . import claiming, debouncing, limiting  # noqa: F401  (register the claims', debounce's and limits' statements)
 from .statements import BUILDERS
 
 _cache: dict[tuple[str, str, str, tuple[Hashable, ...]], str] = {}

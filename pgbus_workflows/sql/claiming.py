@@ -10,11 +10,12 @@ from typing import Any
 
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..states import JobStatus, RunStatus, StepStatus, check_run_transition, job_event, step_event
+from . import limiting
 from .statements import INDEX_PLANS, builds, column, columns, literal, pk, quote, table
 
 
 @builds("claim_steps")
-def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> str:
+def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limited: bool = False) -> str:
     """Claim due attempts of ready runs in one statement (PostgreSQL): locked, moved, recorded, looked past.
 
     The due steps are read priority by priority, lowest first (:func:`priorities`), each
@@ -34,7 +35,12 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     server crash leaves its step scheduled, and it runs again, as a claim kept by the crash
     would (the attempt stalls, then reattempts). Never inside a caller's transaction.
 
-    Placeholders, in order: the ``unknown`` pairs; now; (``queues``) an array of queue names;
+    ``limited`` (this process's code declares ``Concurrency`` or ``RateLimit``): a step under
+    limits is claimed only while its limiter rows have room, taken in the same statement
+    (``sql.limiting``); without it, such a step is never claimed (this code would not honour
+    its limits). A step of a class without limits is claimed alike in both.
+
+    Placeholders, in order: (``limited``) now; the ``unknown`` pairs; now; (``queues``) an array of queue names;
     the limit, twice (a priority's, the claim's); the catalog (jsonb, ``{class: [step
     names]}``); now, the claimant, now and the default stall threshold (the attempts); now
     (the runs); the event's columns, but for its run and step, with its details merged after
@@ -61,6 +67,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     ]
     if queues:
         where.append(f"s.{step_col('queue')} = ANY(%s)")
+    if not limited:
+        where.append("s.limiters IS NULL")
     of_run = [
         f"r.{pk(conn, WorkflowRun)} = s.{step_col('run')}",
         f"(r.{run_col('status')} = {literal(ready)}) IS TRUE",
@@ -73,6 +81,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     # serve (IS TRUE) leaves the primary key the one usable index. With the tables' statistics
     # from when they were nearly empty (vacuumed then, not analysed since), every index looks
     # as cheap, and a plain join scanned all the runs for each due step.
+    if limited:  # the run is locked only when the limiters have room: a held-back step's never is
+        of_run.append(limiting.may_claim("lim"))
     run = (
         f"SELECT r.{pk(conn, WorkflowRun)}, r.{run_col('workflow_class')} FROM {runs} r "
         f"WHERE {' AND '.join(of_run)} FOR UPDATE OF r SKIP LOCKED"
@@ -81,16 +91,25 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     # first step not due yet. Read whole, the index holds every step waiting for later too
     # (a drip campaign's waits of days), and a claim walked them all whenever fewer steps were
     # due than it could take. The limit outside stops the walk, and the locking, once it is met.
+    at = "(SELECT at FROM limit_clock)"
+    limits = (
+        f", s.limiters, s.{step_col('priority')} AS priority, s.{step_col('scheduled_at')} AS scheduled_at, lim.room"
+        if limited
+        else ""
+    )
+    lateral = f"CROSS JOIN LATERAL ({limiting.limiter_lateral(conn, at)}) lim " if limited else ""
     of_priority = (
         f"SELECT s.{pk(conn, WorkflowStep)} AS step_key, r.{pk(conn, WorkflowRun)} AS run_key, "
-        f"r.{run_col('workflow_class')} AS class_name, s.{step_col('step_name')} AS step_name "
-        f"FROM {steps} s CROSS JOIN LATERAL ({run}) r "
+        f"r.{run_col('workflow_class')} AS class_name, s.{step_col('step_name')} AS step_name{limits} "
+        f"FROM {steps} s {lateral}CROSS JOIN LATERAL ({run}) r "
         f"WHERE s.{step_col('priority')} = p.priority AND {' AND '.join(where)} "
         f"ORDER BY s.{step_col('scheduled_at')}, s.{pk(conn, WorkflowStep)} "
         "LIMIT %s FOR UPDATE OF s SKIP LOCKED"
     )
     due = f"SELECT d.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) d LIMIT %s"
     runnable = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
+    if limited:  # of the steps of one key, those past its room are left for a later claim
+        runnable = f"SELECT * FROM known WHERE step_key NOT IN ({limiting.over_room('known')})"
     timeout = step_col("timeout")
     attempts = (
         f"UPDATE {steps} s SET {step_col('status')} = {literal(claimed)}, {step_col('started_at')} = %s, "
@@ -119,11 +138,16 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     started = f"INSERT INTO {events} ({names}) SELECT {', '.join(values)} FROM attempts a"
     # A volatile call keeps the CTE apart (evaluated once); it is selected so it is evaluated at all.
     flag = "set_config('synchronous_commit', 'off', true)" if without_flush else "NULL::text"
-    ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues)}) l(next_due_at, jobs_due)"
+    ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues, limited)}) l(next_due_at, jobs_due)"
+    head = "limit_clock AS (SELECT %s::timestamptz AS at), " if limited else ""
+    if limited:
+        known = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
+        runnable = f"{known}), runnable AS ({runnable}), taken AS ({limiting.take(conn, 'runnable', at)}"
+    cte = "known" if limited else "runnable"
     return (
-        f"WITH RECURSIVE {priorities(conn, 'priorities', WorkflowStep)}, "
+        f"WITH RECURSIVE {head}{priorities(conn, 'priorities', WorkflowStep)}, "
         f"{priorities(conn, 'job_priorities', FanOutJob)}, "
-        f"due AS ({due}), runnable AS ({runnable}), attempts AS ({attempts}), moved AS ({moved}), "
+        f"due AS ({due}), {cte} AS ({runnable}), attempts AS ({attempts}), moved AS ({moved}), "
         f"started AS ({started}), ahead AS ({ahead}) "
         "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, due.class_name, due.step_name, "
         f"{columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
@@ -229,7 +253,7 @@ def priorities(conn: Any, name: str, model: type[WorkflowStep] | type[FanOutJob]
     )
 
 
-def look_ahead(conn: Any, queues: bool) -> str:
+def look_ahead(conn: Any, queues: bool, limited: bool = False) -> str:
     """When the loop must next look (PostgreSQL): the earliest future step or job, and whether a job is due now.
 
     Part of the claim's statement, so it costs no round trip of its own. It reads the CTEs
@@ -258,9 +282,10 @@ def look_ahead(conn: Any, queues: bool) -> str:
         f"SELECT 1 FROM {jobs} WHERE status = {pending} AND priority = p.priority "
         f"AND scheduled_at <= %s{in_queues.format('')} LIMIT 1"
     )
+    refill = f", {limiting.next_token(conn, '(SELECT at FROM limit_clock)', 'taken')}" if limited else ""
     return (
         "SELECT LEAST("
         f"(SELECT MIN(l.scheduled_at) FROM priorities p CROSS JOIN LATERAL ({first_later}) l), "
-        f"(SELECT MIN(l.scheduled_at) FROM job_priorities p CROSS JOIN LATERAL ({job_later}) l)"
+        f"(SELECT MIN(l.scheduled_at) FROM job_priorities p CROSS JOIN LATERAL ({job_later}) l){refill}"
         f"), EXISTS (SELECT 1 FROM job_priorities p CROSS JOIN LATERAL ({job_now}) l)"
     )

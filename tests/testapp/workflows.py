@@ -311,3 +311,4 @@ class Ticked(Workflow):
 
 
 from .child_workflows import Abandoned, Forever, Many, Shipment, ShipOrder, ShipWhatever, SlowChild, Tree, Waiter  # noqa: E402, F401
+from .limited_workflows import KeyedSleeper, RateLimited  # noqa: E402, F401

@@ -22,6 +22,7 @@ from ...admin.forms import MAX_REASON_LENGTH
 from ...admin.operations import OPERATIONS, allowed_verbs
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
 from ...models import WorkflowEvent, WorkflowSignal, WorkflowStep
+from ...services.limiting import held_back
 from ...services.payload import encode_payload
 from ...services.signals import check_signal_input
 from ...services.stuck import STUCK_REASONS
@@ -213,10 +214,13 @@ class Command(BaseCommand):
             run = find_run(with_latest_attempt(operator.runs()), options["run_id"])
         except RunNotFound as error:
             raise CommandError(str(error)) from None
-        allowed = allowed_verbs(run, active_attempt(run), clock.now())
+        now, active = clock.now(), active_attempt(run)
+        allowed = allowed_verbs(run, active, now)
+        holds = held_back(active, now) if active is not None else []
         page: dict[str, Any] = {
             "run": run_details(run),
             "allowed_verbs": [op.verb for op in OPERATIONS.values() if op.verb in allowed and operator.may(op, run)],
+            "held_back": {"step": active.step_name, "limits": holds} if active is not None and holds else None,
             "attempts": None,
             "older_attempts_omitted": False,
             "events": None,

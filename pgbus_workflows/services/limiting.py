@@ -1,0 +1,210 @@
+"""Concurrency keys and rate limits: the limiter rows a step is scheduled under, taken and given back.
+
+A step of a class or step with ``Concurrency`` or ``RateLimit`` (``dsl.limits``) stores the
+names of its limiter rows when it is scheduled (:func:`bind`, which makes the rows). On
+PostgreSQL the dispatcher's claim takes the slots and tokens in its own statement
+(``sql.limiting``); a claim through the ledger (SQLite, ``run_now``, the test helpers) takes
+them with :func:`take`. A step that leaves ``in_progress`` (its outcome, a stall found by the
+sweep, a cancel) gives its slots back in the same transaction (:func:`release`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import F
+
+from .. import sql
+from ..dsl.limits import CONCURRENCY, BoundLimit, declared_limits, limit_label, step_limits
+from ..models import WorkflowLimiter, WorkflowRun, WorkflowStep
+from ..sql import rows
+from ..sql.bulk import WriteBatch
+from ..states import StepStatus
+
+if TYPE_CHECKING:
+    from ..dsl.definitions import StepDefinition
+    from .handle import RunHandle
+
+
+def bind(cls: type[RunHandle], definition: StepDefinition, run: WorkflowRun, now: datetime) -> list[str] | None:
+    """The limiter names of an attempt of ``definition`` about to be scheduled (None: it has no limits).
+
+    The key callables see the run's handle; the rows are made (or their changed limit
+    written) in the caller's transaction. ``ValueError`` naming the class and step for a
+    bad key: raised before anything is written.
+    """
+    if not declared_limits(cls, definition):
+        return None
+    bound = step_limits(cls, definition, lambda: cls(run))
+    ensure(bound, now)
+    return [limit.name for limit in bound]
+
+
+def bind_copy(
+    cls: type[RunHandle], definition: StepDefinition, run: WorkflowRun, first: WorkflowStep
+) -> list[str] | None:
+    """The limiters of ``run``'s copy of another run's attempt ``first`` (``start_many``).
+
+    The same names, unless a key is a callable: evaluated for each run then.
+    """
+    if not any(callable(limit.key) for limit in declared_limits(cls, definition)):
+        return first.limiters
+    return bind(cls, definition, run, first.created_at)
+
+
+def ensure(bound: Sequence[BoundLimit], now: datetime) -> None:
+    """Make the limiter rows of ``bound`` that do not exist; write a limit or period that changed."""
+    if not bound:
+        return
+    if sql.postgresql():
+        ordered = sorted(bound, key=lambda limit: limit.name)
+        params = [
+            [limit.name for limit in ordered],
+            [limit.kind for limit in ordered],
+            [limit.limit for limit in ordered],
+            [limit.per for limit in ordered],
+            now,
+        ]
+        with sql.cursor() as cursor:
+            cursor.execute(sql.statement("ensure_limiters"), params)
+        return
+    for limit in bound:
+        tokens = None if limit.per is None else float(limit.limit)
+        row, made = WorkflowLimiter.objects.get_or_create(
+            name=limit.name,
+            defaults={"kind": limit.kind, "limit": limit.limit, "per": limit.per, "tokens": tokens, "refilled_at": now},
+        )
+        if not made and (row.limit, row.per) != (limit.limit, limit.per):
+            WorkflowLimiter.objects.filter(name=limit.name).update(limit=limit.limit, per=limit.per)
+
+
+def room(limiter: WorkflowLimiter, now: datetime) -> int:
+    """How many more steps ``limiter`` lets start at ``now``: free slots, or whole tokens."""
+    if limiter.per is None:
+        return limiter.limit - limiter.in_use
+    return int(_tokens(limiter, now))
+
+
+def _tokens(limiter: WorkflowLimiter, now: datetime) -> float:
+    if limiter.per is None or limiter.refilled_at is None:
+        return 0.0  # not a rate limiter
+    elapsed = max((now - limiter.refilled_at).total_seconds(), 0.0)
+    refill = elapsed * limiter.limit / limiter.per.total_seconds()
+    return float(min(limiter.limit, (limiter.tokens or 0.0) + refill))
+
+
+def take(step: WorkflowStep, now: datetime) -> bool:
+    """Take the slots and spend the tokens of a step being claimed through the ledger; False when one has no room.
+
+    The limiter rows are locked in name order (the claims and outcomes of other steps lock
+    them so too); with no room, nothing is written.
+    """
+    if not step.limiters:
+        return True
+    names = sorted(set(step.limiters))
+    limiters = list(WorkflowLimiter.objects.select_for_update().filter(name__in=names).order_by("name"))
+    if len(limiters) != len(names) or any(room(limiter, now) < 1 for limiter in limiters):
+        return False
+    for limiter in limiters:
+        if limiter.per is None:
+            limiter.in_use += 1
+            rows.update(limiter, ["in_use"])
+            continue
+        left = _tokens(limiter, now) - 1
+        limiter.tokens = left
+        limiter.refilled_at = at = max(limiter.refilled_at or now, now)  # a bucket's clock never goes back
+        limiter.available_at = None if left >= 1 else at + limiter.per * ((1 - left) / limiter.limit)
+        rows.update(limiter, ["tokens", "refilled_at", "available_at"])
+    return True
+
+
+def releases(step: WorkflowStep, source: str, target: str) -> list[str]:
+    """The concurrency limiters an attempt gives back as it moves from ``source`` to ``target``."""
+    if not step.limiters or source != StepStatus.IN_PROGRESS or target == StepStatus.IN_PROGRESS:
+        return []
+    return [name for name in step.limiters if limit_label(name)[0] == CONCURRENCY]
+
+
+def release_statement(names: Sequence[str]) -> sql.Statement:
+    """The write that gives back one slot per name (PostgreSQL)."""
+    return sql.statement("release_slots"), [sorted(names), sorted(set(names))]
+
+
+def release(names: Iterable[str], writes: WriteBatch | None = None) -> bool:
+    """Give back one slot per name, in the caller's transaction (with ``writes``, as its last writes).
+
+    Returns whether there was any to give back (the caller then wakes the dispatchers).
+    """
+    given = list(names)
+    if not given:
+        return False
+    if sql.postgresql():
+        statement = release_statement(given)
+        if writes is not None:
+            writes.after.append(statement)
+        else:
+            sql.run_batch([statement])
+        return True
+    for name, count in sorted(Counter(given).items()):
+        WorkflowLimiter.objects.filter(name=name, kind=CONCURRENCY, in_use__gte=count).update(
+            in_use=F("in_use") - count
+        )
+    return True
+
+
+def held_back(step: WorkflowStep, now: datetime) -> list[dict[str, Any]]:
+    """What holds a due scheduled attempt back: each of its limiters with no room (empty: nothing does).
+
+    Each as ``{"kind", "key", "limit", "in_use"}`` (a concurrency key) or ``{"kind", "key",
+    "limit", "per", "next_token_at"}`` (a rate limit).
+    """
+    if not step.limiters or step.status != StepStatus.SCHEDULED or step.scheduled_at > now:
+        return []
+    found = []
+    for limiter in WorkflowLimiter.objects.filter(name__in=step.limiters).order_by("name"):
+        if room(limiter, now) >= 1:
+            continue
+        kind, key = limit_label(limiter.name)
+        if limiter.per is None:
+            found.append({"kind": kind, "key": key, "limit": limiter.limit, "in_use": limiter.in_use})
+        else:
+            wait = limiter.per * ((1 - _tokens(limiter, now)) / limiter.limit)
+            next_at = now + max(wait, timedelta(0))
+            found.append(
+                {"kind": kind, "key": key, "limit": limiter.limit, "per": limiter.per, "next_token_at": next_at}
+            )
+    return found
+
+
+def describe(holds: list[dict[str, Any]]) -> str:
+    """One line for an operator: ``concurrency account:42 (1 of 1 in use); rate stripe (100 per 0:00:01)``."""
+    parts = []
+    for hold in holds:
+        if hold["kind"] == CONCURRENCY:
+            parts.append(f"concurrency key {hold['key']!r} ({hold['in_use']} of {hold['limit']} in use)")
+        else:
+            every = f"{hold['limit']} per {hold['per']}"
+            parts.append(f"rate limit {hold['key']!r} ({every}, next token at {hold['next_token_at']:%H:%M:%S})")
+    return "; ".join(parts)
+
+
+def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
+    """``{(class, step): attempts}`` due now and held back by a limit with no room (the gauge, the dashboard).
+
+    Read through the partial index of scheduled attempts under limits (``pgbus_wf_step_limited``):
+    its cost grows with those attempts only, never with the rest of the queue.
+    """
+    due = WorkflowStep.objects.filter(
+        status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=now, limiters__isnull=False, run__status="ready"
+    ).values_list("run__workflow_class", "step_name", "limiters")
+    found = list(due)
+    names = {name for _klass, _step, limiters in found for name in limiters or ()}
+    full = {limiter.name for limiter in WorkflowLimiter.objects.filter(name__in=names) if room(limiter, now) < 1}
+    counts: Counter[tuple[str, str]] = Counter()
+    for klass, step_name, limiters in found:
+        if full.intersection(limiters or ()):
+            counts[(klass, step_name)] += 1
+    return dict(counts)

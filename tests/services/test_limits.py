@@ -1,0 +1,248 @@
+"""``Concurrency(key, limit)`` and ``RateLimit(key, limit, per)``: enforced by the claim, shared by every dispatcher."""
+
+from datetime import timedelta
+
+import pytest
+
+from pgbus_workflows import Concurrency, ConfigurationError, RateLimit, Workflow, step
+from pgbus_workflows.models import WorkflowLimiter, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, stall
+from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows.services.limiting import describe, held_back
+from pgbus_workflows.sql import clock
+from tests.support import scheduled
+
+
+class AccountSync(Workflow):
+    """One sync per account at a time: the class's key, from the run's arguments."""
+
+    name = "limits_account_sync"
+    allow_multiple = True
+    step_options = {"queue": "limits_account"}
+    concurrency = Concurrency(key=lambda wf: f"account:{wf.arguments['account_id']}", limit=1)
+
+    @step
+    def push(self):
+        return None
+
+    @step
+    def confirm(self):
+        return None
+
+
+class Ocr(Workflow):
+    """A step's own key: at most two OCR calls at once, whatever the run."""
+
+    name = "limits_ocr"
+    allow_multiple = True
+    step_options = {"queue": "limits_ocr"}
+
+    @step
+    def prepare(self):
+        return None
+
+    @step(concurrency=Concurrency(key="ocr-service", limit=2))
+    def recognise(self):
+        return None
+
+
+class Charge(Workflow):
+    """A token bucket: two charges per hour (a burst of two, then one every half hour)."""
+
+    name = "limits_charge"
+    allow_multiple = True
+    step_options = {"queue": "limits_charge"}
+
+    @step(rate_limit=RateLimit("limits-psp", limit=2, per=timedelta(hours=1)))
+    def charge(self):
+        return None
+
+
+class BadKey(Workflow):
+    name = "limits_bad_key"
+    allow_multiple = True
+    step_options = {"queue": "limits_bad"}
+
+    @step
+    def first(self):
+        return None
+
+    @step(concurrency=Concurrency(key=lambda wf: wf.arguments.get("key"), limit=1))
+    def second(self):
+        return None
+
+
+def _claim(queue: str, limit: int = 10) -> list[WorkflowStep]:
+    return claim_due_steps(limit, queues=[queue], claimed_by="test")
+
+
+def _limiter(name: str) -> WorkflowLimiter:
+    return WorkflowLimiter.objects.get(name=name)
+
+
+# -- declarations --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Concurrency("k", limit=0), "Concurrency limit must be an integer of at least 1, got 0"),
+        (lambda: Concurrency("k", limit=True), "Concurrency limit must be an integer of at least 1, got True"),
+        (lambda: Concurrency("", limit=1), "Concurrency key must be a callable of the workflow or a non-empty"),
+        (lambda: Concurrency("x" * 256, limit=1), "Concurrency key must be a callable"),
+        (lambda: Concurrency(42, limit=1), "Concurrency key must be a callable"),
+        (lambda: RateLimit("k", limit=0, per=1), "RateLimit limit must be an integer of at least 1, got 0"),
+        (lambda: RateLimit("k", limit=5, per=0), "RateLimit per must be positive"),
+        (lambda: RateLimit("k", limit=5, per=-1), "RateLimit per must not be negative"),
+        (lambda: RateLimit("k", limit=5, per="1s"), "RateLimit per must be a timedelta or a number of seconds"),
+    ],
+)
+def test_a_bad_limit_is_refused_where_it_is_written(make, message):
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make()
+
+
+def test_a_limit_of_the_wrong_kind_is_refused_with_the_class_and_step_named():
+    with pytest.raises(ConfigurationError, match=r"WrongClassLimit.concurrency must be a Concurrency"):
+
+        class WrongClassLimit(Workflow):
+            name = "limits_wrong_class"
+            concurrency = RateLimit("k", limit=1, per=1)
+
+            @step
+            def only(self):
+                return None
+
+    with pytest.raises(ConfigurationError, match=r"WrongStepLimit.only: rate_limit= must be a RateLimit"):
+
+        class WrongStepLimit(Workflow):
+            name = "limits_wrong_step"
+
+            @step(rate_limit=5)
+            def only(self):
+                return None
+
+
+# -- concurrency keys ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_keys_steps_never_run_side_by_side_while_other_keys_run():
+    first, second = AccountSync.start(account_id=1), AccountSync.start(account_id=1)
+    other = AccountSync.start(account_id=2)
+
+    claimed = _claim("limits_account")
+
+    assert sorted(s.run_id for s in claimed) == sorted([first.record.pk, other.record.pk])
+    assert _limiter("concurrency:account:1").in_use == 1
+    assert _limiter("concurrency:account:2").in_use == 1
+    assert scheduled(second).limiters == ["concurrency:account:1"]
+    assert _claim("limits_account") == []  # the key's one slot is taken
+
+
+@pytest.mark.django_db
+def test_an_outcome_gives_the_slot_back_and_the_held_back_run_is_claimed_next():
+    first, second = AccountSync.start(account_id=1), AccountSync.start(account_id=1)
+    [claimed] = _claim("limits_account")
+    assert claimed.run_id == first.record.pk
+
+    execute_step(claimed)  # push completes; confirm is scheduled for the same key
+
+    assert _limiter("concurrency:account:1").in_use == 0
+    [following] = _claim("limits_account")
+    # The held-back run was due first: it takes the slot before the first run's next step.
+    assert following.run_id == second.record.pk
+    assert _limiter("concurrency:account:1").in_use == 1
+
+
+@pytest.mark.django_db
+def test_a_claim_takes_only_as_many_steps_of_a_key_as_it_has_slots():
+    runs = [Ocr.start() for _ in range(5)]
+    for claimed in _claim("limits_ocr"):
+        execute_step(claimed)  # prepare has no limit: all five move on to recognise
+
+    recognising = _claim("limits_ocr")
+
+    assert len(recognising) == 2
+    assert _limiter("concurrency:ocr-service").in_use == 2
+    assert {s.step_name for s in recognising} == {"recognise"}
+    assert len(runs) == 5
+
+
+@pytest.mark.django_db
+def test_a_stall_found_by_the_sweep_gives_the_slot_back():
+    AccountSync.start(account_id=3)
+    held = AccountSync.start(account_id=3)
+    [claimed] = _claim("limits_account")
+
+    assert stall(claimed.pk, claimed.run_id, detection="dead_dispatcher")
+
+    assert _limiter("concurrency:account:3").in_use == 0
+    [following] = _claim("limits_account")
+    assert following.run_id in {held.record.pk, claimed.run_id}
+
+
+@pytest.mark.django_db
+def test_a_claim_through_the_ledger_honours_the_limit_too():
+    AccountSync.start(account_id=4)
+    held = AccountSync.start(account_id=4)
+    [claimed] = _claim("limits_account")
+
+    assert claim_step(scheduled(held).pk, claimed_by="test") is None  # no slot: a no-op, nothing written
+    assert scheduled(held).status == "scheduled"
+
+    execute_step(claimed)
+    assert claim_step(scheduled(held).pk, claimed_by="test") is not None
+    assert _limiter("concurrency:account:4").in_use == 1
+
+
+@pytest.mark.django_db
+def test_a_held_back_step_says_which_key_holds_it_and_how_full_it_is():
+    AccountSync.start(account_id=5)
+    held = AccountSync.start(account_id=5)
+    _claim("limits_account")
+
+    holds = held_back(scheduled(held), clock.now())
+
+    assert holds == [{"kind": "concurrency", "key": "account:5", "limit": 1, "in_use": 1}]
+    assert describe(holds) == "concurrency key 'account:5' (1 of 1 in use)"
+
+
+@pytest.mark.django_db
+def test_a_key_callable_that_gives_no_string_fails_the_step_that_schedules_it_named():
+    wf = BadKey.start(key=None)
+    [claimed] = claim_due_steps(10, queues=["limits_bad"], claimed_by="test")
+
+    execute_step(claimed)
+
+    wf.reload()
+    first = WorkflowStep.objects.get(pk=claimed.pk)
+    assert "limits_bad_key.second: the Concurrency key must be a non-empty string" in first.error_message
+    assert not WorkflowStep.objects.filter(run_id=wf.record.pk, step_name="second").exists()
+
+
+# -- rate limits --------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_rate_limit_lets_a_burst_of_its_limit_through_then_holds_until_a_token_refills():
+    runs = [Charge.start() for _ in range(3)]
+
+    claimed, ahead = claim_and_look_ahead(10, queues=["limits_charge"], claimed_by="test")
+
+    assert len(claimed) == 2
+    bucket = _limiter("rate:limits-psp")
+    assert bucket.tokens == pytest.approx(0, abs=1e-6)
+    # The third is due and held back: the loop's look-ahead wakes it when the next token comes.
+    assert bucket.available_at is not None
+    assert bucket.available_at - bucket.refilled_at == timedelta(minutes=30)
+    assert ahead.next_due_at == bucket.available_at
+    [held] = [r for r in runs if WorkflowStep.objects.filter(run_id=r.record.pk, status="scheduled").exists()]
+    [hold] = held_back(scheduled(held), clock.now())
+    assert (hold["kind"], hold["key"], hold["limit"]) == ("rate", "limits-psp", 2)
+
+    # Half an hour later, one token: the third run's step is claimed.
+    WorkflowLimiter.objects.filter(pk=bucket.pk).update(refilled_at=bucket.refilled_at - timedelta(minutes=30))
+    [third] = claim_due_steps(10, queues=["limits_charge"], claimed_by="test")
+    assert third.run_id == held.record.pk
+    assert WorkflowRun.objects.filter(workflow_class=Charge.name, status="performing").count() == 3

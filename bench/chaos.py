@@ -232,7 +232,7 @@ def run_chaos(
     ticking = chaos_schedule.add() if schedule else None
     try:
         for number in range(runs):
-            ChaosWorkflow.start(faults=sorted(run_faults(number, faults)))
+            ChaosWorkflow.start(faults=sorted(run_faults(number, faults)), lane=number % LANES)
         signaller.start()
         next_kill = time.monotonic() + kill_every
         restarted = not restart
@@ -244,6 +244,7 @@ def run_chaos(
                 ongoing = -1
             if ongoing == 0:
                 break
+            check_slots(report.violations)
             if time.monotonic() >= next_kill:
                 pool.kill_one()
                 report.kills += 1
@@ -317,6 +318,39 @@ def check_faults(report: ChaosReport, faults: frozenset[str], logs: Path) -> Non
         v.append(f"worker threads died in {died}")
 
 
+#: The lanes the runs share (``ChaosWorkflow.concurrency``: three steps of a lane at once).
+LANES = 10
+
+
+def check_slots(violations: list[str], at_rest: bool = False) -> None:
+    """Each lane's slots in use are its steps in progress, never above its limit (one snapshot).
+
+    ``at_rest``: every run ended, so every slot must have been given back.
+    """
+    from django.db import DatabaseError, connection
+
+    from pgbus_workflows.models import WorkflowLimiter, WorkflowStep
+
+    limiters, steps = WorkflowLimiter._meta.db_table, WorkflowStep._meta.db_table
+    query = (
+        f'SELECT l.name, l.in_use, l."limit", (SELECT count(*) FROM {steps} s '
+        f"WHERE s.status = 'in_progress' AND s.limiters ? l.name) FROM {limiters} l "
+        "WHERE l.name LIKE 'concurrency:chaos-lane:%'"  # no parameters: the text is sent as it is
+    )
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            lanes = cursor.fetchall()
+    except DatabaseError:  # the server restarting: sampled again next time
+        connection.close()
+        return
+    for name, in_use, limit, in_progress in lanes:
+        if in_use != in_progress or in_use > limit or (at_rest and in_use):
+            running = WorkflowStep.objects.filter(status="in_progress", limiters__contains=[name])
+            steps = sorted(f"{n} #{a} ({by})" for n, a, by in running.values_list("step_name", "attempt", "claimed_by"))
+            violations.append(f"{name}: {in_use} slots in use, {in_progress} in progress (limit {limit}): {steps}")
+
+
 def check(report: ChaosReport) -> None:
     """Every promise, from the rows."""
     from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -362,6 +396,7 @@ def check(report: ChaosReport) -> None:
     for run_pk in runs.values():
         if consumed.get(run_pk, 0) != 1:
             v.append(f"run pk {run_pk}: {consumed.get(run_pk, 0)} signal rows (one idempotency key)")
+    check_slots(v, at_rest=True)
     report.attempts = WorkflowStep.objects.filter(run_id__in=runs.values()).count()
     report.stalled = WorkflowStep.objects.filter(run_id__in=runs.values(), outcome="stalled").count()
 

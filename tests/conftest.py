@@ -23,6 +23,13 @@ def order(db):
     return Order.objects.create()
 
 
+@pytest.fixture(params=["plain", "limited"])
+def claim_variant(request, monkeypatch):
+    """The claim of a project that declares no limits, and of one that does (the test app declares some)."""
+    monkeypatch.setattr("pgbus_workflows.services.claims.limits_declared", lambda: request.param == "limited")
+    return request.param
+
+
 @pytest.fixture
 def dispatchers():
     """Start dispatcher processes; every one is killed before the database is flushed."""

@@ -121,9 +121,20 @@ def take(step: WorkflowStep, now: datetime) -> bool:
     return True
 
 
+def holds_no_slot(step: WorkflowStep) -> None:
+    """Mark an attempt that a wait's end moves to ``in_progress`` without a claim: it gives back no slot."""
+    step._pgbus_holds_no_slot = True  # type: ignore[attr-defined]
+
+
 def releases(step: WorkflowStep, source: str, target: str) -> list[str]:
-    """The concurrency limiters an attempt gives back as it moves from ``source`` to ``target``."""
+    """The concurrency limiters an attempt gives back as it moves from ``source`` to ``target``.
+
+    Only a claimed attempt holds slots: one that a wait's end (a fan-out's last job, a
+    timeout) moves through ``in_progress`` to its outcome took none (:func:`holds_no_slot`).
+    """
     if not step.limiters or source != StepStatus.IN_PROGRESS or target == StepStatus.IN_PROGRESS:
+        return []
+    if getattr(step, "_pgbus_holds_no_slot", False):
         return []
     return [name for name in step.limiters if limit_label(name)[0] == CONCURRENCY]
 

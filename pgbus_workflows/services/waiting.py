@@ -20,6 +20,7 @@ from ..exceptions import WaitTimedOut
 from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..sql import clock
 from ..states import RunStatus, StepStatus, signal_event
+from . import limiting
 from .isolation import RowFailures
 from .ledger import RunLedger
 from .locks import locked_step
@@ -76,6 +77,7 @@ def wake(
 
 def resolve(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome, **fields: Any) -> None:
     """End the wait with ``outcome``, applied as for any attempt (a paused run stays paused)."""
+    limiting.holds_no_slot(step)  # in progress only until the outcome, in this unit of work: never claimed
     ledger.move_step(step, "resolve", **fields)
     if ledger.run.status == RunStatus.WAITING:
         ledger.transition(

@@ -52,8 +52,8 @@ def test_the_dashboard_counts_held_back_steps_by_class_and_step(admin_client, he
     html = admin_client.get(reverse("admin:pgbus_workflows_workflowrun_dashboard")).content.decode()
 
     section = html.split('id="held-back"', 1)[1].split("</table>", 1)[0]
-    assert "<th scope=\"row\">keyed_sleeper</th><td>work</td><td class=\"pgbus-num\">1</td>" in section
-    assert "<th scope=\"row\">keyed_sleeper</th><td>again</td><td class=\"pgbus-num pgbus-zero\">0</td>" in section
+    assert '<th scope="row">keyed_sleeper</th><td>work</td><td class="pgbus-num">1</td>' in section
+    assert '<th scope="row">keyed_sleeper</th><td>again</td><td class="pgbus-num pgbus-zero">0</td>' in section
 
 
 @override_settings(ROOT_URLCONF="tests.metrics_urls")

@@ -4,13 +4,15 @@ from datetime import timedelta
 
 import pytest
 
-from pgbus_workflows import Concurrency, ConfigurationError, RateLimit, Workflow, step
-from pgbus_workflows.models import WorkflowLimiter, WorkflowRun, WorkflowStep
+from pgbus_workflows import Concurrency, ConfigurationError, Job, RateLimit, Workflow, fan_out, step
+from pgbus_workflows.models import FanOutJob, WorkflowLimiter, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, stall
 from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows.services.fanout import claim_job, execute_job
 from pgbus_workflows.services.limiting import describe, held_back
 from pgbus_workflows.sql import clock
 from tests.support import scheduled
+from tests.testapp.jobs import square
 
 
 class AccountSync(Workflow):
@@ -246,3 +248,136 @@ def test_a_rate_limit_lets_a_burst_of_its_limit_through_then_holds_until_a_token
     [third] = claim_due_steps(10, queues=["limits_charge"], claimed_by="test")
     assert third.run_id == held.record.pk
     assert WorkflowRun.objects.filter(workflow_class=Charge.name, status="performing").count() == 3
+
+
+class ApiClient(Workflow):
+    """The README's worked example: keyed per account, and a rate limit the whole API shares."""
+
+    name = "limits_api_client"
+    allow_multiple = True
+    step_options = {"queue": "limits_api"}
+    concurrency = Concurrency(key=lambda wf: f"account:{wf.arguments['account_id']}", limit=1)
+
+    @step(rate_limit=RateLimit("limits-crm-api", limit=100, per=timedelta(seconds=10)))
+    def push(self):
+        return None
+
+    @step(wait_for="ack")
+    def wait_for_ack(self):
+        return None
+
+
+class BadFirstKey(Workflow):
+    name = "limits_bad_first_key"
+    allow_multiple = True
+    step_options = {"queue": "limits_bad_first"}
+    concurrency = Concurrency(key=lambda wf: wf.arguments["missing"], limit=1)
+
+    @step
+    def only(self):
+        return None
+
+
+@pytest.mark.django_db
+def test_a_step_under_the_class_and_its_own_limit_holds_both():
+    wf = ApiClient.start(account_id=9)
+
+    assert scheduled(wf).limiters == ["concurrency:account:9", "rate:limits-crm-api"]
+    [claimed] = claim_due_steps(10, queues=["limits_api"], claimed_by="test")
+    assert _limiter("concurrency:account:9").in_use == 1
+    assert _limiter("rate:limits-crm-api").tokens == pytest.approx(99, abs=0.01)
+    assert claimed.run_id == wf.record.pk
+
+
+@pytest.mark.django_db
+def test_a_waiting_step_holds_no_slot():
+    first, second = ApiClient.start(account_id=10), ApiClient.start(account_id=10)
+    for _ in range(4):  # push, then wait_for_ack, of both runs: one slot, taken and given back in turn
+        for claimed in claim_due_steps(10, queues=["limits_api"], claimed_by="test"):
+            execute_step(claimed)
+
+    assert {first.reload().status, second.reload().status} == {"waiting"}
+    assert _limiter("concurrency:account:10").in_use == 0
+
+
+@pytest.mark.django_db
+def test_a_first_step_key_that_raises_fails_the_start_and_writes_nothing():
+    with pytest.raises(ValueError, match=r"limits_bad_first_key.only: the Concurrency key callable raised KeyError"):
+        BadFirstKey.start(other=1)
+
+    assert not WorkflowRun.objects.filter(workflow_class=BadFirstKey.name).exists()
+
+
+@pytest.mark.django_db
+def test_a_changed_declaration_writes_its_limit_when_a_step_is_scheduled_under_it(monkeypatch):
+    AccountSync.start(account_id=11)
+    assert _limiter("concurrency:account:11").limit == 1
+
+    monkeypatch.setattr(AccountSync, "concurrency", Concurrency(key=AccountSync.concurrency.key, limit=3))
+    AccountSync.start(account_id=11)
+
+    assert _limiter("concurrency:account:11").limit == 3
+    assert len(_claim("limits_account")) == 2
+
+
+@pytest.mark.django_db
+def test_a_process_whose_code_declares_no_limit_never_claims_a_step_under_one(monkeypatch):
+    AccountSync.start(account_id=12)
+    monkeypatch.setattr("pgbus_workflows.services.claims.limits_declared", lambda: False)
+
+    assert _claim("limits_account") == []
+
+    monkeypatch.undo()
+    assert len(_claim("limits_account")) == 1
+
+
+@pytest.mark.django_db
+def test_start_many_evaluates_a_key_callable_for_each_run():
+    runs = AccountSync.start_many([{"arguments": {"account_id": n}} for n in (21, 22, 21)])
+
+    assert [scheduled(wf).limiters for wf in runs] == [[f"concurrency:account:{n}"] for n in (21, 22, 21)]
+    assert len(_claim("limits_account")) == 2
+
+
+class FanOutUnderKey(Workflow):
+    """A fan-out's body holds the key's slot; its jobs, running while the step waits, hold none."""
+
+    name = "limits_fan_out"
+    allow_multiple = True
+    step_options = {"queue": "limits_fan"}
+
+    @fan_out(concurrency=Concurrency(key="limits-fan", limit=1))
+    def spread(self):
+        return [Job(square, n) for n in range(3)]
+
+
+@pytest.mark.django_db
+def test_a_fan_out_holds_its_slot_while_its_body_runs_and_gives_it_back_while_its_jobs_run():
+    first, second = FanOutUnderKey.start(), FanOutUnderKey.start()
+    [claimed] = claim_due_steps(10, queues=["limits_fan"], claimed_by="test")
+    assert _limiter("concurrency:limits-fan").in_use == 1
+
+    execute_step(claimed)  # the jobs are opened: the step waits for them
+
+    assert WorkflowStep.objects.get(pk=claimed.pk).status == "waiting"
+    assert _limiter("concurrency:limits-fan").in_use == 0
+    [following] = claim_due_steps(10, queues=["limits_fan"], claimed_by="test")
+    assert {claimed.run_id, following.run_id} == {first.record.pk, second.record.pk}
+
+
+@pytest.mark.django_db
+def test_a_fan_out_resolved_by_its_last_job_gives_back_no_slot_it_did_not_take():
+    first, second = FanOutUnderKey.start(), FanOutUnderKey.start()
+    [opened] = claim_due_steps(10, queues=["limits_fan"], claimed_by="test")
+    execute_step(opened)  # waiting for its jobs: the slot is free
+    [running] = claim_due_steps(10, queues=["limits_fan"], claimed_by="test")  # the other run's body takes it
+    assert _limiter("concurrency:limits-fan").in_use == 1
+
+    for job in FanOutJob.objects.filter(step_id=opened.pk):
+        execute_job(claim_job(job.pk, claimed_by="test"))
+
+    # The first fan-out ended (in progress for a moment, without a claim): the second keeps its slot.
+    assert WorkflowStep.objects.get(pk=opened.pk).status == "completed"
+    assert _limiter("concurrency:limits-fan").in_use == 1
+    assert WorkflowStep.objects.get(pk=running.pk).status == "in_progress"
+    assert {opened.run_id, running.run_id} == {first.record.pk, second.record.pk}

@@ -13,7 +13,7 @@ import os
 import threading
 from datetime import timedelta
 
-from pgbus_workflows import Child, Job, OnException, Workflow, fan_out, step
+from pgbus_workflows import Child, Concurrency, Job, OnException, Workflow, fan_out, step
 from pgbus_workflows.exceptions import PayloadNotSerializable
 
 from .models import ChaosRecord
@@ -49,6 +49,9 @@ class ChaosWorkflow(Workflow):
     """Atomic insert, idempotency key, flaky call, signal wait, fan-out, children."""
 
     name = "chaos"
+    #: Runs share ten lanes, three steps of a lane at a time: slots taken and given back
+    #: through kills, stalls and faults (the harness checks every slot against the steps).
+    concurrency = Concurrency(key=lambda wf: f"chaos-lane:{wf.arguments.get('lane', 0)}", limit=3)
     exception_policies = [
         OnException(FlakyService, action="reattempt", wait=timedelta(0), max_reattempts=10),
         OnException(SystemExit, PayloadNotSerializable, action="reattempt", wait=timedelta(0), max_reattempts=3),

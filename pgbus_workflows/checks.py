@@ -1,4 +1,4 @@
-"""System checks: valid ``PGBUS_WORKFLOWS`` settings, a supported database, one dispatcher on SQLite.
+"""System checks: valid ``PGBUS_WORKFLOWS`` settings, a supported database, one dispatcher on SQLite, limits.
 
 With ``--database default``, also the pending fan-out jobs whose function this code cannot
 import (the other checks of rows against code are in ``deploy_checks``).
@@ -17,7 +17,9 @@ from django.db import DatabaseError, connections
 from django.db.models import Count
 
 from .conf import DEFAULTS, DURATION_KEYS, STALL_ACTIONS, as_duration, settings
+from .dsl.declared import registry
 from .dsl.jobs import resolve_job
+from .dsl.limits import declared_limits
 from .exceptions import ConfigurationError
 from .models import Dispatcher, FanOutJob, JobStatus
 from .services.children import CHILD_PREFIX
@@ -202,3 +204,42 @@ def check_sqlite_dispatchers(app_configs: Any = None, **kwargs: Any) -> list[Che
             id="pgbus_workflows.W002",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_shared_limit_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A fixed ``Concurrency`` or ``RateLimit`` key declared twice with different limits.
+
+    One key is one limiter row, whose limit is the declaration of the step scheduled last:
+    two declarations that differ would set it in turn. (A callable key cannot be read here.)
+    """
+    declared: dict[tuple[str, str], dict[tuple[int, Any], list[str]]] = {}
+    for cls in registry.classes():
+        for definition in cls.step_definitions():
+            for limit in declared_limits(cls, definition):
+                if callable(limit.key):
+                    continue
+                kind = type(limit).__name__
+                terms = (limit.limit, getattr(limit, "per", None))
+                declared.setdefault((kind, limit.key), {}).setdefault(terms, []).append(f"{cls.name}.{definition.name}")
+    messages: list[CheckMessage] = []
+    for (kind, key), variants in sorted(declared.items()):
+        if len(variants) < 2:
+            continue
+        where = "; ".join(
+            f"{_terms(kind, terms)} by {', '.join(sorted(set(steps)))}" for terms, steps in variants.items()
+        )
+        messages.append(
+            CheckWarning(
+                f"The {kind} key {key!r} is declared with different limits: {where}.",
+                hint="One key is one limiter, whose limit is written by whichever of these steps was scheduled "
+                "last: declare the same limit everywhere (a shared constant), or use different keys.",
+                id="pgbus_workflows.W013",
+            )
+        )
+    return messages
+
+
+def _terms(kind: str, terms: tuple[int, Any]) -> str:
+    limit, per = terms
+    return f"limit {limit}" if per is None else f"limit {limit} per {per}"

@@ -381,3 +381,29 @@ def test_a_fan_out_resolved_by_its_last_job_gives_back_no_slot_it_did_not_take()
     assert _limiter("concurrency:limits-fan").in_use == 1
     assert WorkflowStep.objects.get(pk=running.pk).status == "in_progress"
     assert {opened.run_id, running.run_id} == {first.record.pk, second.record.pk}
+
+
+def test_a_fixed_key_declared_with_two_limits_is_a_check_warning():
+    from pgbus_workflows.checks import check_shared_limit_keys
+
+    assert [m.id for m in check_shared_limit_keys()] == []  # every key of the test project agrees
+
+    class OtherOcr(Workflow):
+        name = "limits_other_ocr"
+        allow_multiple = True
+
+        @step(concurrency=Concurrency(key="ocr-service", limit=5))
+        def recognise(self):
+            return None
+
+    try:
+        [warning] = check_shared_limit_keys()
+        assert warning.id == "pgbus_workflows.W013"
+        assert warning.msg == (
+            "The Concurrency key 'ocr-service' is declared with different limits: "
+            "limit 2 by limits_ocr.recognise; limit 5 by limits_other_ocr.recognise."
+        )
+    finally:
+        from pgbus_workflows.dsl.declared import registry
+
+        registry.unregister(OtherOcr.name)

@@ -51,7 +51,11 @@ class ChaosWorkflow(Workflow):
     name = "chaos"
     #: Runs share ten lanes, three steps of a lane at a time: slots taken and given back
     #: through kills, stalls and faults (the harness checks every slot against the steps).
-    concurrency = Concurrency(key=lambda wf: f"chaos-lane:{wf.arguments.get('lane', 0)}", limit=3)
+    concurrency = (
+        Concurrency(key=lambda wf: f"chaos-lane:{wf.arguments.get('lane', 0)}", limit=3)
+        if os.environ.get("PGBUS_TESTAPP_WITHOUT_LIMITS") != "1"
+        else None
+    )
     exception_policies = [
         OnException(FlakyService, action="reattempt", wait=timedelta(0), max_reattempts=10),
         OnException(SystemExit, PayloadNotSerializable, action="reattempt", wait=timedelta(0), max_reattempts=3),

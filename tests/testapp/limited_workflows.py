@@ -1,4 +1,9 @@
-"""Workflow classes of the flow-control tests (imported by ``workflows``, so dispatchers know them)."""
+"""Workflow classes of the flow-control tests (imported by ``workflows``, so dispatchers know them).
+
+With ``PGBUS_TESTAPP_WITHOUT_LIMITS=1`` in its environment, a process of the test project
+declares no limit at all (``workflows`` leaves this module out, the chaos class its lanes):
+the baseline of ``bench.limits``, a project that declares none.
+"""
 
 import time
 from datetime import timedelta
@@ -41,3 +46,34 @@ class RateLimited(Workflow):
     @step(rate_limit=RateLimit("proc-rate", limit=5, per=timedelta(seconds=1)))
     def call(self):
         SideEffect.objects.create(label="rated", key=repr(time.time()))
+
+
+class KeyedNoOp(Workflow):
+    """Three empty steps under a key of the run's own (``bench.limits``: a backlog of distinct keys, limit 1)."""
+
+    name = "keyed_noop"
+    allow_multiple = True
+    concurrency = Concurrency(key=lambda wf: f"noop:{wf.arguments['key']}", limit=1)
+
+    @step
+    def a(self):
+        return None
+
+    @step
+    def b(self):
+        return None
+
+    @step
+    def c(self):
+        return None
+
+
+class RateNoOp(Workflow):
+    """One empty step under a shared bucket (``bench.limits``: the observed rate against the budget)."""
+
+    name = "rate_noop"
+    allow_multiple = True
+
+    @step(rate_limit=RateLimit("bench-rate", limit=50, per=timedelta(seconds=1)))
+    def call(self):
+        return None

@@ -4,6 +4,7 @@ Dispatcher subprocesses find these through autodiscovery, so the tests that star
 dispatchers use the classes defined here.
 """
 
+import os
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -311,4 +312,6 @@ class Ticked(Workflow):
 
 
 from .child_workflows import Abandoned, Forever, Many, Shipment, ShipOrder, ShipWhatever, SlowChild, Tree, Waiter  # noqa: E402, F401
-from .limited_workflows import KeyedSleeper, RateLimited  # noqa: E402, F401
+
+if os.environ.get("PGBUS_TESTAPP_WITHOUT_LIMITS") != "1":  # bench.limits's baseline: a project without limits
+    from .limited_workflows import KeyedNoOp, KeyedSleeper, RateLimited, RateNoOp  # noqa: F401

@@ -1,0 +1,183 @@
+"""Flow control's cost and accuracy (issue #37): what limits cost the runs that have none, and what they hold.
+
+    .venv/bin/python -m bench.limits [--runs 1000] [--repeat 7] [--rate-runs 500] [--quick]
+
+Measured in this one run on this machine, in a database of its own made anew for each
+measurement, every figure a ratio paired by repetition (the configurations alternate their
+order from one repetition to the next), with the median's sign-test interval:
+
+- **runs without limits, trickle**: ``bench.trickle``'s trickle (a client process starts
+  ``NoOp3`` runs one transaction each while one dispatcher of four drains them), in a project
+  that declares no limit (the baseline: the test project with ``PGBUS_TESTAPP_WITHOUT_LIMITS=1``,
+  whose claims are the plain statement) and in one that declares some (the claims carry the
+  limits' clauses). The runs are the same, without limits.
+- **runs without limits, backlog**: ``--runs`` ``NoOp3`` runs started before one dispatcher
+  of four drains them (steps/s from the first claim to the last step's end), the same two projects.
+- **a backlog of distinct keys, limit 1**: ``--runs`` ``KeyedNoOp`` runs, each its own
+  ``Concurrency`` key with limit 1, against the same backlog of ``NoOp3`` runs (both in the
+  project with limits). Each key holds one run: the limit never holds a step back, so the
+  ratio is what a limit costs a step (a limiter row locked and written by the claim, the
+  slot given back by the outcome, no chained claim).
+- **a rate limit's observed rate**: ``--rate-runs`` ``RateNoOp`` runs under one bucket of 50
+  per second, drained by two dispatchers of four: after the burst of 50, the claims' rate
+  (from their ``started_at``) against the budget.
+
+``--quick`` shrinks every size (a smoke run, not figures to publish).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+from bench.common import (
+    SETTLE_SECONDS,
+    recreate_database,
+    start_dispatchers,
+    stop,
+    wait_registered,
+    wait_until,
+)
+from bench.intervals import described, no_slower
+
+#: The environment switch of a project that declares no limit (``tests/testapp/limited_workflows.py``).
+WITHOUT_LIMITS = "PGBUS_TESTAPP_WITHOUT_LIMITS"
+
+
+def without_limits(on: bool) -> None:
+    """Make the dispatchers and clients started from now on a project that declares no limit (or one that does)."""
+    if on:
+        os.environ[WITHOUT_LIMITS] = "1"
+    else:
+        os.environ.pop(WITHOUT_LIMITS, None)
+
+
+def backlog(class_name: str, runs: int, dispatchers: int = 1, concurrency: int = 4) -> float:
+    """Steps/s draining ``runs`` runs of ``class_name`` started before the dispatchers (first claim to last end)."""
+    from django.db.models import Max, Min
+
+    from pgbus_workflows.dsl.declared import registry
+    from pgbus_workflows.models import WorkflowRun, WorkflowStep
+
+    cls = registry.get(class_name)
+    assert cls is not None, class_name
+    cls.start_many([{"arguments": {"key": str(n)}} for n in range(runs)])
+    processes = start_dispatchers(dispatchers, concurrency)
+    try:
+        finished = WorkflowRun.objects.filter(workflow_class=class_name, status="finished")
+        wait_until(lambda: finished.count() >= runs, 600, f"{runs} {class_name} runs")
+    finally:
+        stop(processes)
+    steps = WorkflowStep.objects.filter(run__workflow_class=class_name)
+    span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    return steps.count() / (span["last"] - span["first"]).total_seconds()
+
+
+def paired(repeat: int, baseline: Callable[[], float], other: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """``repeat`` measurements of each, paired, in an order alternating by repetition; a database made anew for each."""
+    first: list[float] = []
+    second: list[float] = []
+    for repetition in range(repeat):
+        for is_other in (False, True) if repetition % 2 == 0 else (True, False):
+            recreate_database()
+            (second if is_other else first).append((other if is_other else baseline)())
+    return first, second
+
+
+def with_project(limits: bool, measure: Callable[[], float]) -> Callable[[], float]:
+    """``measure`` in a project that declares limits or none (its dispatchers' and client's environment)."""
+
+    def run() -> float:
+        without_limits(not limits)
+        try:
+            return measure()
+        finally:
+            without_limits(False)
+
+    return run
+
+
+def observed_rate(runs: int, dispatchers: int = 2, concurrency: int = 4) -> tuple[float, float]:
+    """``(claims/s after the burst, the budget)`` for ``runs`` ``RateNoOp`` runs drained by ``dispatchers``."""
+    from pgbus_workflows.models import WorkflowRun, WorkflowStep
+    from tests.testapp.limited_workflows import RateNoOp
+
+    recreate_database()
+    processes = start_dispatchers(dispatchers, concurrency)
+    try:
+        wait_registered(dispatchers)
+        time.sleep(SETTLE_SECONDS)
+        RateNoOp.start_many([{} for _ in range(runs)])
+        finished = WorkflowRun.objects.filter(workflow_class=RateNoOp.name, status="finished")
+        wait_until(lambda: finished.count() >= runs, 600, f"{runs} rate-limited runs")
+    finally:
+        stop(processes)
+    limit = RateNoOp.call.rate_limit
+    starts = sorted(s.timestamp() for s in WorkflowStep.objects.values_list("started_at", flat=True))
+    # The burst (the full bucket) goes at once; from the last of it, one token every per/limit.
+    after_burst = starts[limit.limit - 1 :]
+    rate = (len(after_burst) - 1) / (after_burst[-1] - after_burst[0])
+    return rate, limit.limit / limit.per.total_seconds()
+
+
+def row(what: str, baseline: list[float], other: list[float], floor: float | None = None) -> str:
+    """A Markdown row: both medians, the paired ratios' median, its interval, and the verdict."""
+    ratios = [b / a for a, b in zip(baseline, other, strict=True)]
+    median = statistics.median(ratios)
+    verdict = no_slower(ratios) if floor is None else ("**yes**" if median >= floor else "**no**")
+    return (
+        f"| {what} | {statistics.median(baseline):,.0f} | {statistics.median(other):,.0f} | {median:.2f} "
+        f"| {described(ratios)} | {verdict} |"
+    )
+
+
+def main() -> None:
+    """Print the tables (Markdown)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--trickle-runs", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--rate-runs", type=int, default=500)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.runs, args.trickle_runs, args.repeat, args.rate_runs = 200, 100, 2, 120
+    from bench.trickle import trickle
+
+    def trickled() -> float:
+        return trickle(args.trickle_runs, 1, 4).steps_per_s
+
+    def noop_backlog() -> float:
+        return backlog("noop3", args.runs)
+
+    def keyed_backlog() -> float:
+        return backlog("keyed_noop", args.runs)
+
+    recreate_database()  # Django set up before the first measurement imports the test app
+    rows = [
+        (what, *paired(args.repeat, with_project(False, measure), measure))
+        for what, measure in (("trickle", trickled), ("backlog", noop_backlog))
+    ]
+    keyed = paired(args.repeat, noop_backlog, keyed_backlog)
+    print(f"| {args.repeat} repetitions, paired | baseline | with limits | ratio | interval | no slower? |")
+    print("|---|---:|---:|---:|---|---|")
+    for what, baseline, other in rows:
+        print(row(f"runs without limits, {what} (steps/s): no limit declared vs limits declared", baseline, other))
+    print()
+    print("| backlog of distinct keys, limit 1 | NoOp3 steps/s | KeyedNoOp steps/s | ratio | interval | >= 0.8? |")
+    print("|---|---:|---:|---:|---|---|")
+    print(row(f"{args.runs:,} runs, one dispatcher of four", keyed[0], keyed[1], floor=0.8))
+    rate, budget = observed_rate(args.rate_runs)
+    print()
+    print("| rate limit | budget (/s) | observed (/s) | observed / budget | within 5 %? |")
+    print("|---|---:|---:|---:|---|")
+    within = "**yes**" if abs(rate / budget - 1) <= 0.05 else "**no**"
+    ratio = rate / budget
+    print(f"| {args.rate_runs} runs, two dispatchers of four | {budget:.0f} | {rate:.1f} | {ratio:.3f} | {within} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import islice
 from typing import Any
 
 from django.db import transaction
@@ -83,12 +84,14 @@ def _claim_due(
         # Names seen before and still unknown are left out in SQL: the normal case (every
         # dispatcher on the same code) sends the same statement as before, no filter.
         unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
-        more, passed_over, ahead = _claim_pass(
+        more, passed_over, ahead, past_room = _claim_pass(
             limit - len(claimed), queue_list, now, now - due_for, unknown, claimed_by, own_transaction
         )
         claimed += more
         _unrunnable.update(passed_over)
-        if not passed_over or len(claimed) >= limit:
+        # Steps of a key past its room took places in the claim: the next pass, the key now
+        # full, walks past its steps to other keys' (a held-back key never delays another's).
+        if not (passed_over or past_room) or len(claimed) >= limit:
             break
     _announce_claims(claimed)
     return claimed, ahead
@@ -108,7 +111,9 @@ def _claim_orm(
                 due = due.filter(queue__in=queues)
             for klass, name in unknown:
                 due = due.exclude(run__workflow_class=klass, step_name=name)
-            found = list(due.order_by("priority", "scheduled_at", "pk")[:limit])
+            full = limiting.full(now)  # a step of a key with no room is passed over, not counted
+            ordered = due.order_by("priority", "scheduled_at", "pk").iterator(chunk_size=limit)
+            found = list(islice((s for s in ordered if not full.intersection(s.limiters or ())), limit))
             new = {_names(step) for step in found if not can_run_step(*_names(step))}
             if not new:
                 break
@@ -136,8 +141,10 @@ def _claim_pass(
     unknown: list[tuple[str, str]],
     claimed_by: str,
     own_transaction: bool,
-) -> tuple[list[WorkflowStep], set[tuple[str, str]], LookAhead]:
+) -> tuple[list[WorkflowStep], set[tuple[str, str]], LookAhead, bool]:
     """One claim statement (``sql`` ``claim_steps``): the steps claimed, the pairs passed over, the look-ahead.
+
+    And whether steps were left because their key had no more room in this claim.
 
     ``own_transaction``: the statement is its own transaction (autocommit), whose commit
     need not wait for the disk (the outcome's commit does). Steps due by ``due_by`` are
@@ -163,19 +170,21 @@ def _claim_pass(
             found = cursor.fetchall()
     ahead = LookAhead(found[0][1], jobs_due=bool(found[0][2]))
     split = 5 + len(WorkflowRun._meta.concrete_fields)
-    claimed, passed_over = [], set()
+    claimed, passed_over, past_room = [], set(), False
     for row in found:
         if row[3] is None:
             continue  # nothing was due: the look-ahead's row alone
         if row[5] is None:
-            if not limited or not can_run_step(row[3], row[4]):  # else: past its key's room, left for later
+            if limited and can_run_step(row[3], row[4]):
+                past_room = True  # past its key's room in this claim: left for the next
+            else:
                 passed_over.add((row[3], row[4]))
             continue
         step = rows.from_row(WorkflowStep, row[split:])
         step.run = rows.from_row(WorkflowRun, row[5:split])
         claimed.append(step)
     claimed.sort(key=lambda step: (step.priority, step.scheduled_at, step.pk))
-    return claimed, passed_over, ahead
+    return claimed, passed_over, ahead, past_room
 
 
 #: The event columns the claim statement fills in from the attempt it claimed.

@@ -96,6 +96,14 @@ def _tokens(limiter: WorkflowLimiter, now: datetime) -> float:
     return float(min(limiter.limit, (limiter.tokens or 0.0) + refill))
 
 
+def full(now: datetime) -> set[str]:
+    """The names of the limiters with no room at ``now`` (the claim through the ORM passes their steps over)."""
+    limiters = WorkflowLimiter.objects.filter(in_use__gte=F("limit")) | WorkflowLimiter.objects.filter(
+        per__isnull=False, tokens__lt=F("limit")
+    )
+    return {limiter.name for limiter in limiters if room(limiter, now) < 1}
+
+
 def take(step: WorkflowStep, now: datetime) -> bool:
     """Take the slots and spend the tokens of a step being claimed through the ledger; False when one has no room.
 

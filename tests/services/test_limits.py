@@ -407,3 +407,13 @@ def test_a_fixed_key_declared_with_two_limits_is_a_check_warning():
         from pgbus_workflows.dsl.declared import registry
 
         registry.unregister(OtherOcr.name)
+
+
+@pytest.mark.django_db
+def test_a_key_with_no_room_never_delays_another_keys_step_due_after_its_own():
+    crowd = [AccountSync.start(account_id=30) for _ in range(5)]
+    other = AccountSync.start(account_id=31)  # due after all five
+
+    claimed = claim_due_steps(3, queues=["limits_account"], claimed_by="test")
+
+    assert sorted(s.run_id for s in claimed) == sorted([crowd[0].record.pk, other.record.pk])

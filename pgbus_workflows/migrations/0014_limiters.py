@@ -5,15 +5,13 @@
 # steps' new partial index holds only scheduled attempts under limits (the gauge reads what
 # holds them back); it is built CONCURRENTLY, hence atomic = False.
 
-
-
 import django.utils.timezone
 from django.db import migrations, models
 
 from pgbus_workflows import schema
 
 LIMITED = models.Index(
-    condition=models.Q(('limiters__isnull', False), ('status', 'scheduled')),
+    condition=models.Q(('held', False), ('limiters__isnull', False), ('status', 'scheduled')),
     fields=['scheduled_at'],
     name='pgbus_wf_step_limited',
 )

@@ -275,10 +275,11 @@ class WorkflowStep(models.Model):
                 fields=["id"], condition=Q(status__in=sorted(UNSUCCESSFUL_STEP)), name="pgbus_wf_step_unsuccessful"
             ),
             models.Index(fields=["signal"], condition=Q(signal__isnull=False), name="pgbus_wf_step_signal"),
-            # What holds steps back (the gauge, the dashboard): only scheduled attempts under limits.
+            # What holds steps back (the gauge, the dashboard): only claimable attempts under limits.
+            # (Not held: a test of ``held`` no other query of limiters makes keeps it theirs.)
             models.Index(
                 fields=["scheduled_at"],
-                condition=Q(status=StepStatus.SCHEDULED, limiters__isnull=False),
+                condition=Q(status=StepStatus.SCHEDULED, limiters__isnull=False, held=False),
                 name="pgbus_wf_step_limited",
             ),
         ]

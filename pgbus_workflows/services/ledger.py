@@ -31,7 +31,7 @@ from ..states import (
 )
 from . import limiting
 from .handle import handle_class
-from .lineage import END_FIELDS, child_end, settle_after_commit
+from .lineage import end_parent_job, settle_after_commit
 from .payload import storable_text
 
 if TYPE_CHECKING:
@@ -72,6 +72,9 @@ class RunLedger:
         self._ended: tuple[str, WorkflowStep | None, str | None] | None = None
         #: Whether the run was paused when the unit of work began (its scheduled attempt held).
         self._was_paused = run.status == RunStatus.PAUSED
+        #: The concurrency slots attempts leaving ``in_progress`` give back (``services.limiting``).
+        self.releasing: list[str] = []
+        self._releasing_queue = ""
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
@@ -165,8 +168,9 @@ class RunLedger:
     def move_step(self, step: WorkflowStep, event: str, **fields: Any) -> None:
         """Move an attempt through ``event`` (``states.STEP_EVENTS``, checked) and save it."""
         target = step_event(event, step.status)
-        if limiting.release(limiting.releases(step, step.status, target), self.writes):
-            self.wake(step.queue)  # a step held back by the slot it gave back is claimed now
+        if released := limiting.releases(step, step.status, target):
+            self.releasing += released  # given back at flush, unless handed over to the run's next step
+            self._releasing_queue = step.queue
         step.status = target
         for name, value in fields.items():
             setattr(step, name, value)
@@ -213,7 +217,7 @@ class RunLedger:
             wait = resolve_wait(definition.wait, attempt or 1)
         step = self.new_attempt(definition, attempt or 1, wait, retry_of)
         queue = step.queue
-        chained = not step.limiters and self._may_chain(queue, wait)  # a limited step waits for the claim's room
+        chained = self._may_chain(queue, wait) and limiting.hand_over(self.releasing, step)
         if chained and self.claim_for is not None:
             step.status = StepStatus.IN_PROGRESS
             step.started_at = self.now
@@ -256,7 +260,7 @@ class RunLedger:
             created_at=self.now,
             signal_id=retry_of.signal_id if carry and retry_of is not None else None,
             timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
-            limiters=limiting.bind(self.cls, definition, self.run, self.now),
+            limiters=limiting.bind(self.cls, definition, self.run, self.now, self.writes),
         )
 
     def _may_chain(self, queue: str, wait: timedelta) -> bool:
@@ -294,7 +298,10 @@ class RunLedger:
         self._queues.discard(queue)
 
     def flush(self) -> None:
-        """Save the run, insert the events, queue the NOTIFY and the after-commit signals."""
+        """Save the run, insert the events, give back slots, queue the NOTIFY and the after-commit signals."""
+        if limiting.release(self.releasing, self.writes):
+            self.wake(self._releasing_queue)  # a step held back by a slot given back is claimed now
+        self.releasing = []
         ended = self._announce_end()
         if self._after_commit:
             sender, pending = self.run.workflow_class, self._after_commit
@@ -355,23 +362,12 @@ class RunLedger:
             settle_after_commit(fan_outs)
 
     def _announce_end(self) -> list[str]:
-        """A run that ended: its parent's job learns it, and ``result()`` waiters get a NOTIFY.
-
-        Returns the workflow ids to NOTIFY on :func:`ended_channel` (a run someone awaits).
-        """
+        """A run that ended: its parent's job learns it; returns the ids to NOTIFY on :func:`ended_channel`."""
         if self._ended is None:
             return []
-        status, step, reason = self._ended
-        self._ended = None
-        job = child_end(self.run, status, step, reason, self.now)
-        if job is not None:
-            if self.writes is not None:
-                self.writes.update(job, END_FIELDS)
-                self.writes.settle_jobs.add(job.pk)
-            else:
-                rows.update(job, END_FIELDS)
-                settle_after_commit(set(), {job.pk})
-        return [str(self.run.workflow_id)] if self.run.awaited else []
+        (status, step, reason), self._ended = self._ended, None
+        end_parent_job(self.run, status, step, reason, self.now, self.writes)
+        return [str(self.run.workflow_id)] if self.run.awaited else []  # someone awaits its result()
 
     def _defer(self, writes: WriteBatch) -> None:
         """Hand the run update, the events and the wake-ups to the shared batch."""

@@ -29,17 +29,20 @@ if TYPE_CHECKING:
     from .handle import RunHandle
 
 
-def bind(cls: type[RunHandle], definition: StepDefinition, run: WorkflowRun, now: datetime) -> list[str] | None:
+def bind(
+    cls: type[RunHandle], definition: StepDefinition, run: WorkflowRun, now: datetime, writes: WriteBatch | None = None
+) -> list[str] | None:
     """The limiter names of an attempt of ``definition`` about to be scheduled (None: it has no limits).
 
     The key callables see the run's handle; the rows are made (or their changed limit
-    written) in the caller's transaction. ``ValueError`` naming the class and step for a
-    bad key: raised before anything is written.
+    written) in the caller's transaction: with ``writes``, among its last writes (no round
+    trip of its own; no claim sees the attempt before the commit). ``ValueError`` naming the
+    class and step for a bad key: raised before anything is written.
     """
     if not declared_limits(cls, definition):
         return None
     bound = step_limits(cls, definition, lambda: cls(run))
-    ensure(bound, now)
+    ensure(bound, now, writes)
     return [limit.name for limit in bound]
 
 
@@ -55,7 +58,7 @@ def bind_copy(
     return bind(cls, definition, run, first.created_at)
 
 
-def ensure(bound: Sequence[BoundLimit], now: datetime) -> None:
+def ensure(bound: Sequence[BoundLimit], now: datetime, writes: WriteBatch | None = None) -> None:
     """Make the limiter rows of ``bound`` that do not exist; write a limit or period that changed."""
     if not bound:
         return
@@ -68,8 +71,11 @@ def ensure(bound: Sequence[BoundLimit], now: datetime) -> None:
             [limit.per for limit in ordered],
             now,
         ]
-        with sql.cursor() as cursor:
-            cursor.execute(sql.statement("ensure_limiters"), params)
+        statement = (sql.statement("ensure_limiters"), params)
+        if writes is not None:
+            writes.after.append(statement)
+        else:
+            sql.run_batch([statement])
         return
     for limit in bound:
         tokens = None if limit.per is None else float(limit.limit)
@@ -132,6 +138,25 @@ def take(step: WorkflowStep, now: datetime) -> bool:
 def holds_no_slot(step: WorkflowStep) -> None:
     """Mark an attempt that a wait's end moves to ``in_progress`` without a claim: it gives back no slot."""
     step._pgbus_holds_no_slot = True  # type: ignore[attr-defined]
+
+
+def hand_over(releasing: list[str], step: WorkflowStep) -> bool:
+    """Whether ``step``, about to be chained onto the worker, may take over the slots its run gives back.
+
+    A run's next step due at once keeps the slots of the attempt before it, on the same
+    worker, when it is under concurrency keys alone, all of them given back in this unit of
+    work (``releasing``, whose names it then takes out: never given back, never taken
+    again). A step under a rate limit spends a token in a claim. A step without limits may
+    always be chained.
+    """
+    if not step.limiters:
+        return True
+    names = sorted(set(step.limiters))
+    if any(limit_label(name)[0] != CONCURRENCY or name not in releasing for name in names):
+        return False
+    for name in names:
+        releasing.remove(name)
+    return True
 
 
 def releases(step: WorkflowStep, source: str, target: str) -> list[str]:

@@ -11,7 +11,7 @@ parent's step in a transaction of its own (and the sweep resolves one whose wake
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -20,6 +20,9 @@ from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from ..sql import rows
 from ..states import JobStatus, RunStatus, StepOutcomeKind
 from .payload import storable_text
+
+if TYPE_CHECKING:
+    from ..sql.bulk import WriteBatch
 
 #: Sent after the commit that ended a child run: ``step_pk`` and ``run_pk`` of the parent's fan-out.
 child_ended = Signal()
@@ -74,3 +77,23 @@ def settle_after_commit(fan_outs: set[tuple[int, int]], jobs: set[int] | None = 
             child_ended.send(sender=settle_after_commit, step_pk=step_pk, run_pk=run_pk)
 
     transaction.on_commit(send, robust=True)
+
+
+def end_parent_job(
+    run: WorkflowRun,
+    status: str,
+    step: WorkflowStep | None,
+    reason: str | None,
+    now: Any,
+    writes: WriteBatch | None,
+) -> None:
+    """A child run that ended: its parent's job learns it (written with ``writes``, or now), then its fan-out."""
+    job = child_end(run, status, step, reason, now)
+    if job is None:
+        return
+    if writes is not None:
+        writes.update(job, END_FIELDS)
+        writes.settle_jobs.add(job.pk)
+    else:
+        rows.update(job, END_FIELDS)
+        settle_after_commit(set(), {job.pk})

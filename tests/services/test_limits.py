@@ -6,6 +6,7 @@ import pytest
 
 from pgbus_workflows import Concurrency, ConfigurationError, Job, RateLimit, Workflow, fan_out, step
 from pgbus_workflows.models import FanOutJob, WorkflowLimiter, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, stall
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.fanout import claim_job, execute_job
@@ -417,3 +418,61 @@ def test_a_key_with_no_room_never_delays_another_keys_step_due_after_its_own():
     claimed = claim_due_steps(3, queues=["limits_account"], claimed_by="test")
 
     assert sorted(s.run_id for s in claimed) == sorted([crowd[0].record.pk, other.record.pk])
+
+
+@pytest.mark.django_db
+def test_an_outcome_hands_its_slot_to_the_runs_next_step_on_the_same_worker_when_no_step_waits_for_it():
+    wf = AccountSync.start(account_id=40)
+    [claimed] = _claim("limits_account")
+    chain = Chain(claimed_by="test")
+
+    execute_step(claimed, chain=chain)
+
+    [following] = chain.take()  # claimed in the outcome's transaction, slot and all
+    assert (following.run_id, following.step_name, following.status) == (wf.record.pk, "confirm", "in_progress")
+    assert _limiter("concurrency:account:40").in_use == 1
+
+
+@pytest.mark.django_db
+def test_a_run_keeps_its_keys_slot_from_one_step_to_the_next_when_they_follow_at_once_on_its_worker():
+    first, second = AccountSync.start(account_id=41), AccountSync.start(account_id=41)
+    [claimed] = _claim("limits_account")
+    chain = Chain(claimed_by="test")
+
+    execute_step(claimed, chain=chain)
+
+    [following] = chain.take()  # the first run's confirm, on the same worker: the slot stays taken
+    assert (following.run_id, following.step_name) == (first.record.pk, "confirm")
+    assert _limiter("concurrency:account:41").in_use == 1
+    assert _claim("limits_account") == []  # the second run still waits
+    execute_step(following)  # the run's last step: its slot is given back
+    assert [s.run_id for s in _claim("limits_account")] == [second.record.pk]
+
+
+class PrepareThenCharge(Workflow):
+    name = "limits_prepare_then_charge"
+    allow_multiple = True
+    step_options = {"queue": "limits_prepare"}
+
+    @step
+    def prepare(self):
+        return None
+
+    @step(rate_limit=RateLimit("limits-prepare-psp", limit=5, per=timedelta(seconds=1)))
+    def charge(self):
+        return None
+
+
+@pytest.mark.django_db
+def test_a_step_under_a_rate_limit_is_never_chained_it_spends_its_token_in_a_claim():
+    wf = PrepareThenCharge.start()
+    [prepared] = claim_due_steps(10, queues=["limits_prepare"], claimed_by="test")
+    chain = Chain(claimed_by="test")
+
+    execute_step(prepared, chain=chain)
+
+    assert chain.take() == []
+    assert scheduled(wf).step_name == "charge"
+    [charged] = claim_due_steps(10, queues=["limits_prepare"], claimed_by="test")
+    assert charged.step_name == "charge"
+    assert _limiter("rate:limits-prepare-psp").tokens == pytest.approx(4, abs=0.01)

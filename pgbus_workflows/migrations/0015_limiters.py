@@ -30,7 +30,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('pgbus_workflows', '0013_debounce_key'),
+        ('pgbus_workflows', '0014_debounced_start_keys'),
     ]
 
     operations = [

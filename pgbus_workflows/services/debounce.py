@@ -20,6 +20,7 @@ from ..dsl.debounce import MAX_DEBOUNCE_KEY_LENGTH, Debounce, valid_key
 from ..models import WorkflowEvent, WorkflowRun
 from ..sql import rows
 from ..states import RunStatus, StepStatus
+from . import limiting
 from .ledger import RunLedger
 
 if TYPE_CHECKING:
@@ -115,9 +116,11 @@ def collapse(cls: type[H], debounce: Debounce, key: str, start: Given, idempoten
     subject_type, subject_id, payload = start
     previous = step.scheduled_at
     due, capped = _due(debounce, ledger.now, run.created_at)
-    step.scheduled_at = due
-    rows.update(step, ["scheduled_at"])
     ledger.set_run(arguments=payload)
+    step.scheduled_at = due
+    if step.limiters is not None and first is not None:  # keys of the latest arguments
+        step.limiters = limiting.bind(cls, first, run, ledger.now)
+    rows.update(step, ["scheduled_at", "limiters"])
     details: dict[str, Any] = {
         "arguments": payload,
         "previous_scheduled_at": previous.isoformat(),

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from pgbus_workflows import Concurrency, ConfigurationError, Job, RateLimit, Workflow, fan_out, step
+from pgbus_workflows import Concurrency, ConfigurationError, Debounce, Job, RateLimit, Workflow, fan_out, step
 from pgbus_workflows.models import FanOutJob, WorkflowLimiter, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, stall
@@ -476,3 +476,29 @@ def test_a_step_under_a_rate_limit_is_never_chained_it_spends_its_token_in_a_cla
     [charged] = claim_due_steps(10, queues=["limits_prepare"], claimed_by="test")
     assert charged.step_name == "charge"
     assert _limiter("rate:limits-prepare-psp").tokens == pytest.approx(4, abs=0.01)
+
+
+class DebouncedUnderKey(Workflow):
+    """Debounced and keyed by the same argument: a collapse may move the run to another key."""
+
+    name = "limits_debounced"
+    allow_multiple = True
+    step_options = {"queue": "limits_debounced"}
+    debounce = Debounce(period=timedelta(seconds=30), key=lambda wf: f"order:{wf.arguments['order']}")
+    concurrency = Concurrency(key=lambda wf: f"warehouse:{wf.arguments['warehouse']}", limit=1)
+
+    @step
+    def ship(self):
+        return None
+
+
+@pytest.mark.django_db
+def test_a_collapsed_start_puts_the_first_step_under_the_keys_of_the_latest_arguments():
+    wf = DebouncedUnderKey.start(order=1, warehouse="north")
+    assert scheduled(wf).limiters == ["concurrency:warehouse:north"]
+
+    again = DebouncedUnderKey.start(order=1, warehouse="south")
+
+    assert again.debounced and again.workflow_id == wf.workflow_id
+    assert scheduled(wf).limiters == ["concurrency:warehouse:south"]
+    assert _limiter("concurrency:warehouse:south").limit == 1

@@ -228,3 +228,49 @@ def test_debounce_collapses_starts_and_answers_repeated_keys_on_sqlite(tmp_path)
         [sys.executable, "-c", DEBOUNCE_ON_SQLITE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+
+
+LIMITS_ON_SQLITE = """
+import django; django.setup()
+from django.core.management import call_command; call_command("migrate", verbosity=0)
+from datetime import timedelta
+from pgbus_workflows import Concurrency, RateLimit, Workflow, step
+from pgbus_workflows.models import WorkflowLimiter, WorkflowRun
+from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.executor import execute_step
+
+class Sync(Workflow):
+    name = "sqlite_limited_sync"
+    allow_multiple = True
+    step_options = {"queue": "sqlite_limits"}
+    concurrency = Concurrency(key=lambda wf: f"account:{wf.arguments['account_id']}", limit=1)
+
+    @step(rate_limit=RateLimit("sqlite-api", limit=3, per=timedelta(hours=1)))
+    def push(self):
+        return None
+
+runs = [Sync.start(account_id=1) for _ in range(3)] + [Sync.start(account_id=2)]
+claimed = claim_due_steps(10, queues=["sqlite_limits"])
+# The key of account 1 has one slot: its second and third runs are passed over, account 2 goes.
+assert sorted(s.run_id for s in claimed) == [runs[0].record.pk, runs[3].record.pk], claimed
+slots = dict(WorkflowLimiter.objects.values_list("name", "in_use"))
+assert slots["concurrency:account:1"] == 1 and slots["concurrency:account:2"] == 1, slots
+for step_row in claimed:
+    execute_step(step_row)
+assert WorkflowLimiter.objects.get(name="concurrency:account:1").in_use == 0
+[third] = claim_due_steps(10, queues=["sqlite_limits"])  # a slot again, and the bucket's last token
+assert third.run_id == runs[1].record.pk
+assert claim_due_steps(10, queues=["sqlite_limits"]) == []  # no token left for the last run
+execute_step(third)
+assert WorkflowRun.objects.filter(workflow_class=Sync.name, status="finished").count() == 3
+print("ok")
+"""
+
+
+def test_limits_hold_in_the_claim_through_the_orm_on_sqlite(tmp_path):
+    """Slots and tokens taken under the run's lock by the ORM's claim (SQLite: one writer at a time)."""
+    env = {**sqlite_env(tmp_path / "limits.sqlite3"), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", LIMITS_ON_SQLITE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr

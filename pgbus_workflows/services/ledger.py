@@ -260,7 +260,7 @@ class RunLedger:
             created_at=self.now,
             signal_id=retry_of.signal_id if carry and retry_of is not None else None,
             timed_out=bool(carry and retry_of is not None and retry_of.timed_out),
-            limiters=limiting.bind(self.cls, definition, self.run, self.now, self.writes),
+            limiters=limiting.bind(self.cls, definition, self.run, self.now, self.writes, self.releasing),
         )
 
     def _may_chain(self, queue: str, wait: timedelta) -> bool:

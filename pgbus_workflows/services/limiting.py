@@ -30,19 +30,26 @@ if TYPE_CHECKING:
 
 
 def bind(
-    cls: type[RunHandle], definition: StepDefinition, run: WorkflowRun, now: datetime, writes: WriteBatch | None = None
+    cls: type[RunHandle],
+    definition: StepDefinition,
+    run: WorkflowRun,
+    now: datetime,
+    writes: WriteBatch | None = None,
+    held: Sequence[str] = (),
 ) -> list[str] | None:
     """The limiter names of an attempt of ``definition`` about to be scheduled (None: it has no limits).
 
     The key callables see the run's handle; the rows are made (or their changed limit
     written) in the caller's transaction: with ``writes``, among its last writes (no round
-    trip of its own; no claim sees the attempt before the commit). ``ValueError`` naming the
-    class and step for a bad key: raised before anything is written.
+    trip of its own; no claim sees the attempt before the commit). Rows in ``held`` (the run's
+    previous attempt holds them) exist: a run's next step under its key writes nothing, and a
+    changed limit is written by the next run's first step. ``ValueError`` naming the class and
+    step for a bad key: raised before anything is written.
     """
     if not declared_limits(cls, definition):
         return None
     bound = step_limits(cls, definition, lambda: cls(run))
-    ensure(bound, now, writes)
+    ensure([limit for limit in bound if limit.name not in held], now, writes)
     return [limit.name for limit in bound]
 
 

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from ..dsl.declared import registry
 from ..dsl.schedules import Schedule
 from ..services.handle import RunHandle, handle_class
+from .asynchronous import AsyncCalls
 from .family import RunFamily
 from .verbs import RunVerbs
 
@@ -34,7 +35,7 @@ class _StepsAccessor:
         return instance.record.steps.order_by("id")
 
 
-class Workflow(RunVerbs, RunFamily, RunHandle):
+class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
     """Subclass it, declare ``@step`` methods, call ``start()``. See the README.
 
     The class attributes a subclass may set (``name``, ``exception_policies``, ``step_options``,

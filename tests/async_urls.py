@@ -1,4 +1,4 @@
-"""An async view that starts and signals runs with the async API, as the README shows (tests/workflow/test_async_api.py)."""
+"""An async view that starts and signals runs with the async API, as the README shows."""
 
 import json
 

@@ -214,10 +214,12 @@ def _check_renamed_from(value: Any) -> tuple[str, ...]:
 def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> StepDefinition:
     if not callable(func):
         raise ConfigurationError(f"@{kind} decorates a method, got {func!r}")
-    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+    if inspect.isasyncgenfunction(func):
+        raise ConfigurationError(f"{func.__qualname__} is an async generator: a step body returns, it does not yield")
+    if inspect.iscoroutinefunction(func) and options.get("atomic"):
         raise ConfigurationError(
-            f"{func.__qualname__} is an async def: steps run on worker threads and must be plain functions "
-            "(call async code with asgiref's async_to_sync inside the body)"
+            f"{func.__qualname__} is an async def with atomic=True: Django's async ORM runs no transaction, so its "
+            "writes could not commit with its outcome (make it a plain def, or drop atomic=True)"
         )
     given_max = options.get("max_reattempts", _UNSET) is not _UNSET
     policy = _step_policy(options.get("on_exception"), options.get("max_reattempts"), given_max)

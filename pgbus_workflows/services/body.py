@@ -5,10 +5,12 @@ Also the log line of an attempt that failed.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import async_to_sync
 from django.db import connection
 
 from ..dsl.jobs import Child, Job
@@ -38,6 +40,8 @@ def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
     try:
         try:
             value = definition.func(workflow)
+            if inspect.isawaitable(value):
+                value = awaited(workflow, value)
         except FlowControl as flow:
             if flow.kind == "finished":
                 return StepOutcome("finished", output=_encoded(flow.value, f"{step.step_name} result"))
@@ -59,6 +63,23 @@ def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
         return StepOutcome.from_error(error)
     finally:
         workflow._context = None
+
+
+def awaited(workflow: RunHandle | None, coroutine: Awaitable[Any]) -> Any:
+    """An ``async def`` body's (or job's) value: awaited on an event loop of this worker thread's own.
+
+    What ``self`` reads from the database (the subject, the outputs) is read first: inside the
+    coroutine Django refuses a query that is not awaited. Its awaited ORM calls run on this
+    thread, with its connection (asgiref hands them back to it).
+    """
+    if workflow is not None:
+        for name in ("subject", "outputs"):
+            getattr(workflow, name, None)
+
+    async def wait() -> Any:
+        return await coroutine
+
+    return async_to_sync(wait)()
 
 
 def _encoded(value: Any, what: str) -> Any:

@@ -11,6 +11,7 @@ fan-out whose jobs all ended but whose resolution was lost (its dispatcher died 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import traceback
 from collections.abc import Iterable, Iterator, Sequence
@@ -33,6 +34,7 @@ from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, Workflow
 from ..sql import clock, rows
 from ..states import RunStatus, StepStatus, job_event
 from . import waiting
+from .body import awaited
 from .chain import Chain
 from .children import CHILD_PREFIX
 from .handle import handle_class
@@ -162,6 +164,8 @@ def run_job(job: FanOutJob) -> JobEnd:
     try:
         function = resolve_job(job.function)
         value = function(*job.arguments.get("args", []), **job.arguments.get("kwargs", {}))
+        if inspect.isawaitable(value):  # an async def job
+            value = awaited(None, value)
         return JobEnd(job, result=encode_payload(value, f"result of job {job.function} #{job.index}"))
     except BaseException as error:
         return JobEnd(job, error=_formatted(error))

@@ -409,15 +409,24 @@ def test_a_skip_if_method_inherited_from_a_base_class_is_accepted():
     assert Child.step_definition("first").skip_if == "is_paid"
 
 
-def test_async_bodies_and_conditions_are_refused_when_the_class_is_defined():
-    with pytest.raises(ConfigurationError, match="is an async def: steps run on worker threads"):
+def test_async_atomic_bodies_generators_and_conditions_are_refused_when_the_class_is_defined():
+    with pytest.raises(ConfigurationError, match="is an async def with atomic=True: Django's async ORM runs no"):
 
         class AsyncStep(Workflow):
             name = "deploy_async_step"
 
-            @step
+            @step(atomic=True)
             async def first(self):
                 pass
+
+    with pytest.raises(ConfigurationError, match="is an async generator: a step body returns, it does not yield"):
+
+        class AsyncGenerator(Workflow):
+            name = "deploy_async_generator"
+
+            @step
+            async def first(self):
+                yield 1
 
     with pytest.raises(ConfigurationError, match="skip_if must not be an async def"):
 

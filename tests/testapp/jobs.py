@@ -101,3 +101,9 @@ def transaction_state() -> dict:
 def types_of(*args: object) -> dict:
     """The types and values of the arguments the job received (what crossing JSON made of them)."""
     return {"types": [type(arg).__name__ for arg in args], "values": list(args)}
+
+
+async def async_square(n: int) -> int:
+    """An ``async def`` job: awaits the ORM, records the call and returns n squared."""
+    await SideEffect.objects.acreate(label="async_square", key=str(n))
+    return n * n

@@ -311,6 +311,7 @@ class Ticked(Workflow):
         record("ticked", self.scheduled_for.isoformat())
 
 
+from .async_workflows import AsyncPing  # noqa: E402, F401
 from .child_workflows import Abandoned, Forever, Many, Shipment, ShipOrder, ShipWhatever, SlowChild, Tree, Waiter  # noqa: E402, F401
 
 if os.environ.get("PGBUS_TESTAPP_WITHOUT_LIMITS") != "1":  # bench.limits's baseline: a project without limits

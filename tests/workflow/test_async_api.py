@@ -1,4 +1,4 @@
-"""The async API: ``astart``, ``afind``, ``asignal``, ``asignal_for``, ``aresult`` from async code, as their sync twins."""
+"""The async API: ``astart``, ``afind``, ``asignal``, ``asignal_for``, ``aresult``, as their sync twins."""
 
 import json
 import threading

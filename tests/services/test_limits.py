@@ -502,3 +502,37 @@ def test_a_collapsed_start_puts_the_first_step_under_the_keys_of_the_latest_argu
     assert again.debounced and again.workflow_id == wf.workflow_id
     assert scheduled(wf).limiters == ["concurrency:warehouse:south"]
     assert _limiter("concurrency:warehouse:south").limit == 1
+
+
+class ClassRate(Workflow):
+    """A class-level RateLimit: every step of its runs spends a token of the bucket."""
+
+    name = "limits_class_rate"
+    allow_multiple = True
+    step_options = {"queue": "limits_class_rate"}
+    rate_limit = RateLimit("limits-class-bucket", limit=3, per=timedelta(hours=1))
+
+    @step
+    def first(self):
+        return None
+
+    @step
+    def second(self):
+        return None
+
+
+@pytest.mark.django_db
+def test_a_class_rate_limit_spends_a_token_for_every_step_of_its_runs():
+    runs = [ClassRate.start(), ClassRate.start()]
+
+    firsts = claim_due_steps(10, queues=["limits_class_rate"], claimed_by="test")
+    for claimed in firsts:
+        execute_step(claimed)  # two tokens spent; both runs' second steps are due
+    seconds = claim_due_steps(10, queues=["limits_class_rate"], claimed_by="test")
+
+    assert [s.step_name for s in firsts] == ["first", "first"]
+    assert [s.step_name for s in seconds] == ["second"]  # the third token
+    assert claim_due_steps(10, queues=["limits_class_rate"], claimed_by="test") == []
+    [waiting] = [wf for wf in runs if wf.record.pk != seconds[0].run_id]
+    [hold] = held_back(scheduled(waiting), clock.now())
+    assert (hold["kind"], hold["key"], hold["limit"]) == ("rate", "limits-class-bucket", 3)

@@ -16,6 +16,11 @@
         def test_nightly(self):
             [wf] = self.tick_schedules(now=datetime(2026, 1, 1, 3, tzinfo=UTC))   # the runs the ticks started
 
+        async def test_from_async_code(self):
+            wf = await SignupWorkflow.astart(user)
+            await self.aspeedrun_workflow(wf)      # aperform_next_step, arun_step_inline, adeliver_signal,
+                                                   # acomplete_fan_out: the same helpers, awaited
+
 Every step runs through the real executor (claim, guards, policies, the audit trail)
 against the test database, ignoring ``wait``: a step that is not due yet is pulled
 forward with ``run_now`` (recorded with actor ``test_helpers``).
@@ -26,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
+
+from asgiref.sync import sync_to_async
 
 from .exceptions import StepWaiting, TestHelperError
 from .models import FanOutJob, JobStatus, WorkflowRun, WorkflowStep
@@ -240,6 +247,30 @@ class WorkflowTestMixin:
     def tick_schedules(self, now: datetime | None = None) -> list[Workflow]:
         """Fire the schedule ticks due as of ``now``; returns the handles started (:func:`tick_schedules`)."""
         return tick_schedules(now)
+
+    # -- from async tests: the same helpers, awaited (each runs on the thread of the test's sync code)
+
+    async def aperform_next_step(self, workflow: Workflow) -> Workflow:
+        """:meth:`perform_next_step`, awaited."""
+        return await sync_to_async(self.perform_next_step)(workflow)
+
+    async def arun_step_inline(self, workflow: Workflow, step_name: str) -> Workflow:
+        """:meth:`run_step_inline`, awaited."""
+        return await sync_to_async(self.run_step_inline)(workflow, step_name)
+
+    async def aspeedrun_workflow(self, workflow: Workflow, max_steps: int = 1000) -> Workflow:
+        """:meth:`speedrun_workflow`, awaited."""
+        return await sync_to_async(self.speedrun_workflow)(workflow, max_steps)
+
+    async def adeliver_signal(
+        self, workflow: Workflow, name: str, payload: Any = None, idempotency_key: str | None = None
+    ) -> Workflow:
+        """:meth:`deliver_signal`, awaited."""
+        return await sync_to_async(self.deliver_signal)(workflow, name, payload, idempotency_key)
+
+    async def acomplete_fan_out(self, workflow: Workflow) -> Workflow:
+        """:meth:`complete_fan_out`, awaited."""
+        return await sync_to_async(self.complete_fan_out)(workflow)
 
     def assertWorkflowStatus(self, workflow: Workflow, status: str) -> None:  # noqa: N802 - unittest style
         """Fail unless the reloaded run has ``status``."""

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from django.test import TransactionTestCase
 
 from pgbus_workflows import Job, OnException, StepWaiting, Workflow, fan_out, step
 from pgbus_workflows.models import FanOutJob, WorkflowStep
@@ -123,3 +124,24 @@ def test_a_sync_query_inside_an_async_body_fails_the_attempt_with_djangos_error(
     [attempt] = WorkflowStep.objects.filter(run=wf.record)
     assert attempt.error_class == "django.core.exceptions.SynchronousOnlyOperation"
     assert wf.reload().status == "paused"
+
+
+class AsyncHelperTests(WorkflowTestMixin, TransactionTestCase):
+    """The helpers, awaited from an async test (Django runs ``async def`` test methods on its own loop)."""
+
+    async def test_async_bodies_run_inline_from_an_async_test(self):
+        order = await Order.objects.acreate(status="new")
+        wf = await AsyncOrder.astart(order)
+
+        with pytest.raises(StepWaiting):
+            await self.aspeedrun_workflow(wf)
+        await self.adeliver_signal(wf, "approved", {"by": "carol"})
+        await self.aspeedrun_workflow(wf)
+
+        self.assertEqual(wf.status, "finished")
+        fan = await AsyncFanOut.astart()
+        await self.aperform_next_step(fan)  # spread opens its jobs and waits for them
+        self.assertEqual(fan.status, "waiting")
+        await self.acomplete_fan_out(fan)
+        await self.arun_step_inline(fan, "total")
+        self.assertEqual(fan.status, "finished")

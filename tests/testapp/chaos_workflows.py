@@ -1,4 +1,4 @@
-"""The chaos harness's workflow (bench/chaos.py): five steps, each a different kind of promise.
+"""The chaos harness's workflow (bench/chaos.py): its steps, each a different kind of promise.
 
 With ``faults`` in its arguments (``bench/chaos.py --faults``), three more steps break the
 engine from the inside on their first attempt: a body that raises ``SystemExit``, an output
@@ -8,6 +8,7 @@ with a NUL character, an atomic body that hangs past its ``timeout=``. Each is r
 Imported by the app's ready() so that dispatcher subprocesses know it.
 """
 
+import asyncio
 import hashlib
 import os
 import threading
@@ -46,7 +47,7 @@ class ChaosChild(Workflow):
 
 
 class ChaosWorkflow(Workflow):
-    """Atomic insert, idempotency key, flaky call, signal wait, fan-out, children."""
+    """Atomic insert, idempotency key, flaky call, signal wait, an async body, fan-out, children."""
 
     name = "chaos"
     #: Runs share ten lanes, three steps of a lane at a time: slots taken and given back
@@ -90,6 +91,13 @@ class ChaosWorkflow(Workflow):
     def wait_for_go(self):
         self._execution()
         return {"signal": self.received_signal.payload if self.received_signal else None}
+
+    @step
+    async def await_io(self):
+        """An ``async def`` body: awaits, then records its execution through the async ORM."""
+        await asyncio.sleep(0.01)
+        key = f"{self.current_step}:{self.attempt}"
+        await ChaosRecord.objects.acreate(kind="execution", run_key=str(self.workflow_id), key=key, pid=os.getpid())
 
     @fan_out(max_attempts=3)
     def fan(self):

@@ -5,9 +5,11 @@ Also the log line of an attempt that failed.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
@@ -41,7 +43,7 @@ def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
         try:
             value = definition.func(workflow)
             if inspect.isawaitable(value):
-                value = awaited(workflow, value)
+                value = awaited(workflow, value, definition.timeout)
         except FlowControl as flow:
             if flow.kind == "finished":
                 return StepOutcome("finished", output=_encoded(flow.value, f"{step.step_name} result"))
@@ -53,6 +55,8 @@ def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
         return StepOutcome("success", output=_encoded(value, f"{step.step_name} output"))
     except FlowControl as flow:  # a verb called while encoding the output (a custom encoder)
         return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
+    except BodyTimedOut as timed_out:  # the coroutine was cancelled: the attempt stalls, as a hung one would
+        return StepOutcome("stall", error=timed_out, details={"detection": "timeout"})
     except BaseException as error:
         # SystemExit, KeyboardInterrupt, GeneratorExit, CancelledError too: a body ends in one
         # recorded outcome whatever it raises, and the worker thread lives on.
@@ -65,19 +69,33 @@ def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
         workflow._context = None
 
 
-def awaited(workflow: RunHandle | None, coroutine: Awaitable[Any]) -> Any:
+class BodyTimedOut(Exception):
+    """An ``async def`` body ran past its step's ``timeout=``: it was cancelled."""
+
+
+def awaited(workflow: RunHandle | None, coroutine: Awaitable[Any], timeout: timedelta | None = None) -> Any:
     """An ``async def`` body's (or job's) value: awaited on an event loop of this worker thread's own.
 
     What ``self`` reads from the database (the subject, the outputs) is read first: inside the
     coroutine Django refuses a query that is not awaited. Its awaited ORM calls run on this
-    thread, with its connection (asgiref hands them back to it).
+    thread, with its connection (asgiref hands them back to it). Past ``timeout`` the
+    coroutine is cancelled and :class:`BodyTimedOut` raised (a ``TimeoutError`` of its own
+    goes to its policy as any error).
     """
     if workflow is not None:
         for name in ("subject", "outputs"):
             getattr(workflow, name, None)
 
     async def wait() -> Any:
-        return await coroutine
+        if timeout is None:
+            return await coroutine
+        try:
+            async with asyncio.timeout(timeout.total_seconds()) as deadline:
+                return await coroutine
+        except TimeoutError:
+            if deadline.expired():
+                raise BodyTimedOut(f"cancelled after its timeout of {timeout}") from None
+            raise
 
     return async_to_sync(wait)()
 

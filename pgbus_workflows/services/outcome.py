@@ -117,9 +117,9 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
         _apply_error(ledger, step, definition, outcome)
     elif outcome.kind == "fan_out":
         _open_fan_out(ledger, step, definition, outcome)
-    elif outcome.kind == "stall":  # the database went away under the body, as a crash would
+    elif outcome.kind == "stall":  # the database went away under the body, or a coroutine's timeout= passed
         cause = f"{_class_name(outcome.error)}: {error_message(outcome.error)}" if outcome.error else None
-        stall_step(ledger, step, detection="connection_lost", cause=cause)
+        stall_step(ledger, step, detection=outcome.details.get("detection", "connection_lost"), cause=cause)
     else:
         raise ValueError(f"Unknown outcome kind {outcome.kind!r}")
 

@@ -1,6 +1,7 @@
 """``async def`` step bodies and fan-out jobs: awaited on the worker, with everything a plain body has."""
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from django.test import TransactionTestCase
@@ -145,3 +146,45 @@ class AsyncHelperTests(WorkflowTestMixin, TransactionTestCase):
         await self.acomplete_fan_out(fan)
         await self.arun_step_inline(fan, "total")
         self.assertEqual(fan.status, "finished")
+
+
+class AsyncSlow(Workflow):
+    """An async body that outlives its timeout on its first attempt (cancelled), and one that raises TimeoutError."""
+
+    name = "async_bodies_slow"
+
+    @step(timeout=timedelta(seconds=0.2))
+    async def call(self):
+        try:
+            await asyncio.sleep(30 if self.attempt == 1 else 0)
+        except asyncio.CancelledError:
+            await SideEffect.objects.acreate(label="async-cancelled", key=str(self.attempt))
+            raise
+        return "answered"
+
+    @step
+    async def own_timeout(self):
+        raise TimeoutError("the API's own client timed out")
+
+
+def test_an_async_body_past_its_timeout_is_cancelled_and_its_attempt_stalls():
+    wf = AsyncSlow.start()
+
+    helpers.speedrun_workflow(wf)
+
+    attempts = list(WorkflowStep.objects.filter(run=wf.record).order_by("pk"))
+    first = attempts[0]
+    assert (first.step_name, first.outcome, first.error_class) == (
+        "call",
+        "stalled",
+        "pgbus_workflows.exceptions.StepStalled",
+    )
+    assert first.error_message.endswith("stalled: timeout")
+    event = wf.record.events.get(kind="step_stalled", step=first)
+    assert event.details["detection"] == "timeout"
+    assert "BodyTimedOut: cancelled after its timeout of 0:00:00.200000" in event.details["cause"]
+    assert list(SideEffect.objects.filter(label="async-cancelled").values_list("key", flat=True)) == ["1"]
+    assert (attempts[1].step_name, attempts[1].status, attempts[1].output) == ("call", "completed", "answered")
+    # A TimeoutError the body raises itself is its error, for its policy (the default pauses).
+    assert (attempts[2].step_name, attempts[2].error_class) == ("own_timeout", "TimeoutError")
+    assert wf.reload().status == "paused"

@@ -66,23 +66,17 @@ def bind_copy(
 
 
 def ensure(bound: Sequence[BoundLimit], now: datetime, writes: WriteBatch | None = None) -> None:
-    """Make the limiter rows of ``bound`` that do not exist; write a limit or period that changed."""
+    """Make the limiter rows of ``bound`` that do not exist; write a limit or period that changed.
+
+    With ``writes``, in the batch's one statement of every unit's limiters (:func:`ensure_statement`).
+    """
     if not bound:
         return
     if sql.postgresql():
-        ordered = sorted(bound, key=lambda limit: limit.name)
-        params = [
-            [limit.name for limit in ordered],
-            [limit.kind for limit in ordered],
-            [limit.limit for limit in ordered],
-            [limit.per for limit in ordered],
-            now,
-        ]
-        statement = (sql.statement("ensure_limiters"), params)
         if writes is not None:
-            writes.after.append(statement)
+            writes.merge("ensure_limiters", ensure_statement, [(limit, now) for limit in bound])
         else:
-            sql.run_batch([statement])
+            sql.run_batch([ensure_statement([(limit, now) for limit in bound])])
         return
     for limit in bound:
         tokens = None if limit.per is None else float(limit.limit)
@@ -92,6 +86,20 @@ def ensure(bound: Sequence[BoundLimit], now: datetime, writes: WriteBatch | None
         )
         if not made and (row.limit, row.per) != (limit.limit, limit.per):
             WorkflowLimiter.objects.filter(name=limit.name).update(limit=limit.limit, per=limit.per)
+
+
+def ensure_statement(items: list[tuple[BoundLimit, datetime]]) -> sql.Statement:
+    """The write that makes the rows of these ``(limit, when)`` and writes changed limits, in name order."""
+    first = {limit.name: (limit, at) for limit, at in reversed(items)}
+    ordered = [first[name][0] for name in sorted(first)]
+    params = [
+        [limit.name for limit in ordered],
+        [limit.kind for limit in ordered],
+        [limit.limit for limit in ordered],
+        [limit.per for limit in ordered],
+        min(at for _limit, at in items),
+    ]
+    return sql.statement("ensure_limiters"), params
 
 
 def room(limiter: WorkflowLimiter, now: datetime) -> int:
@@ -193,11 +201,10 @@ def release(names: Iterable[str], writes: WriteBatch | None = None) -> bool:
     if not given:
         return False
     if sql.postgresql():
-        statement = release_statement(given)
-        if writes is not None:
-            writes.after.append(statement)
+        if writes is not None:  # with the batch's other units': one statement, rows locked in name order
+            writes.merge("release_slots", release_statement, given)
         else:
-            sql.run_batch([statement])
+            sql.run_batch([release_statement(given)])
         return True
     for name, count in sorted(Counter(given).items()):
         WorkflowLimiter.objects.filter(name=name, kind=CONCURRENCY, in_use__gte=count).update(

@@ -13,7 +13,7 @@ preparation, which would return them unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import Any
 
@@ -127,6 +127,10 @@ class WriteBatch:
         self.settle_jobs: set[int] = set()
         #: Statements run after every other write: they read the rows written before them.
         self.after: list[Statement] = []
+        #: Writes that the batch's units make one statement of, by name (sorted), before ``after``:
+        #: ``(builder of the statement from every unit's items, the items)``. One statement locks
+        #: its rows in one order, where one per unit, in unit order, could deadlock two batches.
+        self.merged: dict[str, tuple[Callable[[list[Any]], Statement], list[Any]]] = {}
 
     def update(self, instance: Model, names: Sequence[str]) -> None:
         """Defer an ``UPDATE``; a row still to be inserted is written with its new values anyway."""
@@ -138,9 +142,15 @@ class WriteBatch:
         else:
             self._changes[key] = (instance, set(names))
 
+    def merge(self, name: str, build: Callable[[list[Any]], Statement], items: Sequence[Any]) -> None:
+        """Add ``items`` to the batch's one ``name`` statement, which ``build`` makes of them all at :meth:`send`."""
+        self.merged.setdefault(name, (build, []))[1].extend(items)
+
     def send(self, channel: str) -> None:
         """Run every deferred write (inside the caller's transaction)."""
         head = update_statements([(obj, frozenset(names)) for obj, names in self._changes.values()])
+        self.after[:0] = [build(items) for _name, (build, items) in sorted(self.merged.items()) if items]
+        self.merged = {}
         if not sql.postgresql():
             sql.run_batch(head)
             for instance in self.inserts:

@@ -4,15 +4,16 @@ from datetime import timedelta
 
 import pytest
 
-from pgbus_workflows import Concurrency, ConfigurationError, Debounce, Job, RateLimit, Workflow, fan_out, step
+from pgbus_workflows import Concurrency, ConfigurationError, Debounce, Job, RateLimit, Workflow, fan_out, sql, step
 from pgbus_workflows.models import FanOutJob, WorkflowLimiter, WorkflowRun, WorkflowStep
+from pgbus_workflows.services.applying import apply_outcomes
 from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, stall
-from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows.services.executor import execute_step, perform_step
 from pgbus_workflows.services.fanout import claim_job, execute_job
 from pgbus_workflows.services.limiting import describe, held_back
 from pgbus_workflows.sql import clock
-from tests.support import scheduled
+from tests.support import scheduled, statements_sent
 from tests.testapp.jobs import square
 
 
@@ -536,3 +537,19 @@ def test_a_class_rate_limit_spends_a_token_for_every_step_of_its_runs():
     [waiting] = [wf for wf in runs if wf.record.pk != seconds[0].run_id]
     [hold] = held_back(scheduled(waiting), clock.now())
     assert (hold["kind"], hold["key"], hold["limit"]) == ("rate", "limits-class-bucket", 3)
+
+
+@pytest.mark.django_db
+def test_a_batch_of_outcomes_gives_back_every_units_slots_in_one_statement_in_name_order():
+    for account in (61, 60, 62):
+        AccountSync.start(account_id=account)
+    claimed = _claim("limits_account")
+    performed = [perform_step(step) for step in claimed]
+
+    with statements_sent() as seen:
+        apply_outcomes(performed)
+
+    releases = [text for text in seen if text == sql.statement("release_slots")]
+    assert len(releases) == 1  # one statement locks the three rows in one order: two batches never deadlock
+    slots = WorkflowLimiter.objects.filter(name__in=[f"concurrency:account:{n}" for n in (60, 61, 62)])
+    assert set(slots.values_list("in_use", flat=True)) == {0}

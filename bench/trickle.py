@@ -99,8 +99,11 @@ def client(*args: str) -> Any:
     return run_json([sys.executable, "-m", "bench.trickle_client", *args])
 
 
-def trickle(runs: int, dispatchers: int, concurrency: int) -> Trickle:
-    """One trickle: ``runs`` NoOp3 runs started by the client while ``dispatchers`` processes drain them."""
+def trickle(runs: int, dispatchers: int, concurrency: int, settings: dict[str, Any] | None = None) -> Trickle:
+    """One trickle: ``runs`` NoOp3 runs started by the client while ``dispatchers`` processes drain them.
+
+    ``settings``: the dispatchers' ``PGBUS_WORKFLOWS`` keys.
+    """
     from django.db.models import Max
 
     from pgbus_workflows.models import WorkflowRun, WorkflowStep
@@ -108,7 +111,7 @@ def trickle(runs: int, dispatchers: int, concurrency: int) -> Trickle:
 
     WorkflowRun.objects.filter(workflow_class=NoOp3.name).delete()
     checkpoint()
-    processes = start_dispatchers(dispatchers, concurrency)
+    processes = start_dispatchers(dispatchers, concurrency, settings)
     try:
         wait_registered(dispatchers)
         time.sleep(SETTLE_SECONDS)

@@ -65,6 +65,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         value = raw.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(_error(key, f"must be a positive integer, got {value!r}", "E006"))
+    awaiting = raw.get("ASYNC_CONCURRENCY", 0)
+    if isinstance(awaiting, bool) or not isinstance(awaiting, int) or awaiting < 0:
+        errors.append(_error("ASYNC_CONCURRENCY", f"must be an integer >= 0, got {awaiting!r}", "E012"))
     stalls = raw.get("MAX_STALLS", 0)
     if stalls is not None and (isinstance(stalls, bool) or not isinstance(stalls, int) or stalls < 0):
         errors.append(_error("MAX_STALLS", f"must be an integer >= 0 or None, got {stalls!r}", "E009"))

@@ -36,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "UNKNOWN_STEP_GRACE": 600,
     "PREPARED_STATEMENTS": True,
     "MAX_CHILD_DEPTH": 10,
+    "ASYNC_CONCURRENCY": 100,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` or ``0`` (keep forever).
@@ -87,6 +88,7 @@ class WorkflowSettings:
     UNKNOWN_STEP_GRACE: timedelta
     PREPARED_STATEMENTS: bool
     MAX_CHILD_DEPTH: int
+    ASYNC_CONCURRENCY: int
 
     def __init__(self) -> None:
         #: The settings object the values were read from, and the values read so far.

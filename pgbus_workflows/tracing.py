@@ -16,6 +16,7 @@ the hooks cost a check or two, no call into OpenTelemetry's span machinery.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 try:
@@ -104,18 +105,33 @@ def traced_attempt(step: Any, perform: Callable[[], T]) -> T:
         "pgbus_workflows.step": step.step_name,
         "pgbus_workflows.attempt": step.attempt,
     }
-    with _tracer.start_as_current_span(
+    span = _tracer.start_span(
         f"{run.workflow_class}.{step.step_name}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
-    ) as span:
-        done = perform()
-        outcome = _outcome(done)
-        span.set_attribute("pgbus_workflows.outcome", outcome.kind if outcome is not None else NO_OUTCOME)
-        if outcome is not None and outcome.kind in ERROR_OUTCOMES:
-            error = outcome.error
-            if error is not None:
-                span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}" if error else outcome.kind))
-        return done
+    )
+    try:
+        with trace.use_span(span, end_on_exit=False):
+            done = perform()
+    except BaseException:
+        span.end()  # use_span recorded the exception
+        raise
+    outcome = _outcome(done)
+    settled_later = getattr(outcome, "when_settled", None)
+    if settled_later is not None:  # an async def body, awaited elsewhere: the span ends when it does
+        settled_later(partial(_end, span))
+    else:
+        _end(span, outcome)
+    return done
+
+
+def _end(span: Any, outcome: Any) -> None:
+    """End an attempt's span with its outcome (None: no outcome of its own)."""
+    span.set_attribute("pgbus_workflows.outcome", outcome.kind if outcome is not None else NO_OUTCOME)
+    if outcome is not None and outcome.kind in ERROR_OUTCOMES:
+        error = outcome.error
+        if error is not None:
+            span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}" if error else outcome.kind))
+    span.end()
 
 
 def _outcome(done: Any) -> Any:

@@ -9,19 +9,41 @@ import math
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
+from typing import Any
 
 from ..models import FanOutJob, WorkflowStep
+from ..services.body import Awaiting
 from ..services.fanout import JobEnd
 from ..services.outcome import StepOutcome
 
-Work = WorkflowStep | FanOutJob
+Claim = WorkflowStep | FanOutJob
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Claimed work whose coroutine has ended: :meth:`result` is its outcome (or job end) to write."""
+
+    work: Claim
+    awaiting: Awaiting[Any]
+    value: Any
+    error: BaseException | None
+
+    def result(self) -> StepOutcome | JobEnd:
+        """Settle it (encode the value, resolve the exception): on a worker thread, never on the loop."""
+        return self.awaiting.settle(self.value, self.error)  # type: ignore[no-any-return]
+
+
+Work = Claim | Settled
 #: Claimed work and whether to re-check it before its body runs (a claim by the loop may be
 #: cancelled before it starts; a step claimed by the transaction that just ended cannot).
 Queued = tuple[Work, bool]
 
 
 def work_key(work: Work) -> tuple[str, int]:
-    """``("step" | "job", pk)``: how the pool tracks a claim."""
+    """``("step" | "job", pk)``: how the pool tracks a claim (a settled body: its claim's)."""
+    if isinstance(work, Settled):
+        work = work.work
     return ("job", work.pk) if isinstance(work, FanOutJob) else ("step", work.pk)
 
 
@@ -68,9 +90,10 @@ class Batch:
             self._open()
             self.performed.append(performed)
 
-    def add_job(self, end: JobEnd) -> None:
-        self._open()
-        self.ends.append(end)
+    def add_job(self, end: JobEnd | None) -> None:
+        if end is not None:
+            self._open()
+            self.ends.append(end)
 
     def _open(self) -> None:
         if not self:

@@ -62,8 +62,12 @@ class WorkflowDispatcher:
         sweep_only: bool = False,
         shutdown_timeout: float = 30.0,
         schedules: bool = True,
+        async_concurrency: int | None = None,
     ) -> None:
         self.concurrency = concurrency
+        #: How many ``async def`` bodies await on the event loop at once (0: none; they are
+        #: awaited on the worker threads). None: the setting ``ASYNC_CONCURRENCY``.
+        self.async_concurrency = settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
         self.queues = frozenset(queues) if queues else None
         self.once = once
         self.sweep = sweep or sweep_only
@@ -95,6 +99,7 @@ class WorkflowDispatcher:
             stopping=self._stopping,
             on_free=self._slot_freed,
             on_lost=self._orphans_possible.set,
+            async_capacity=self.async_concurrency,
         )
         self._swept = False
         self._threads: dict[str, threading.Thread] = {}
@@ -113,10 +118,11 @@ class WorkflowDispatcher:
         self._register()
         queues = ", ".join(sorted(self.queues)) if self.queues else "all"
         logger.info(
-            "Dispatcher %s started: queues %s, concurrency %d%s",
+            "Dispatcher %s started: queues %s, concurrency %d (and %d async bodies)%s",
             self.name,
             queues,
             self.concurrency,
+            self.async_concurrency,
             " (sweep only)" if self.sweep_only else "" if self.sweep else " (no sweep)",
         )
         self.pool.start()

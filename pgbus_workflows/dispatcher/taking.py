@@ -22,6 +22,7 @@ from django.db import connection
 from ..conf import settings
 from ..models import FanOutJob, WorkflowStep
 from ..services.claims import still_in_progress
+from .coroutines import CoroutineLoop
 from .lanes import Lane, Queued, Work, work_key
 
 logger = logging.getLogger("pgbus_workflows")
@@ -44,8 +45,11 @@ class WorkQueues:
         stopping: threading.Event,
         on_free: Callable[[], None],
         on_lost: Callable[[], None],
+        coroutines: CoroutineLoop | None = None,
     ) -> None:
         self.size = size
+        #: The event loop ``async def`` bodies await on (None: they are awaited on the workers).
+        self.coroutines = coroutines
         self.batch_size = settings.BATCH_SIZE
         self._stopping = stopping
         self._on_free = on_free  # a claim ended: the loop may claim more
@@ -74,11 +78,19 @@ class WorkQueues:
         A batch is as many steps as recent bodies run in ``BATCH_WINDOW`` (at most
         ``BATCH_SIZE``; one when bodies are slow), so claimed work never waits long. While
         work is held, less than a batch is not worth a claim: the next release will do.
+
+        Bodies awaiting on the event loop hold no worker: they do not count. While the loop is
+        full, async bodies are awaited on the workers, so a claim is a step per worker.
         """
         quick = int(BATCH_WINDOW / self._body_seconds) if self._body_seconds else 1
         per_worker = max(1, min(self.batch_size, quick))
+        awaiting = 0
+        if self.coroutines is not None:
+            awaiting = self.coroutines.in_flight()
+            if self.coroutines.full():
+                per_worker = 1
         with self._lock:
-            free = self.size * per_worker - len(self._held)
+            free = self.size * per_worker - (len(self._held) - awaiting)
             # Claim a batch's worth or nothing while work is held: fewer, fuller claims.
             return free if free >= per_worker or not self._held else 0
 

@@ -17,16 +17,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 from django.db import connection
 
 from ..models import FanOutJob, WorkflowStep
 from ..services.applying import apply_outcomes
+from ..services.body import Awaiting
 from ..services.chain import Chain
-from ..services.executor import perform_step
-from ..services.fanout import JobEnd, record_job_ends, run_job
+from ..services.executor import begin_step
+from ..services.fanout import JobEnd, record_job_ends, start_job
 from ..services.outcome import StepOutcome
-from .lanes import Batch, Lane, work_key
+from .coroutines import CoroutineLoop
+from .lanes import Batch, Lane, Settled, work_key
 from .taking import BATCH_WINDOW, WorkQueues
 
 logger = logging.getLogger("pgbus_workflows")
@@ -44,8 +47,10 @@ class WorkerPool(WorkQueues):
         stopping: threading.Event,
         on_free: Callable[[], None],
         on_lost: Callable[[], None],
+        async_capacity: int = 0,
     ) -> None:
-        super().__init__(size=size, stopping=stopping, on_free=on_free, on_lost=on_lost)
+        coroutines = CoroutineLoop(async_capacity, self._hand_back, self._drop) if async_capacity and size else None
+        super().__init__(size=size, stopping=stopping, on_free=on_free, on_lost=on_lost, coroutines=coroutines)
         self.name = name
         self.queues = queues
         self._threads = [self._thread(lane) for lane in self._lanes]
@@ -56,7 +61,9 @@ class WorkerPool(WorkQueues):
         return threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{lane.number}", daemon=True)
 
     def start(self) -> None:
-        """Start the worker threads."""
+        """Start the worker threads (and the event loop for async bodies)."""
+        if self.coroutines is not None:
+            self.coroutines.start()
         for thread in self._threads:
             thread.start()
 
@@ -67,13 +74,17 @@ class WorkerPool(WorkQueues):
     def join(self, deadline: float) -> bool:
         """Wait (until the ``time.monotonic()`` deadline) for the workers to finish every claim.
 
-        Call after ``stopping`` is set. Returns True when some are still running.
+        Call after ``stopping`` is set. Returns True when some are still running; the async
+        bodies still awaiting are then cancelled (their attempts are the dispatcher's to stall).
         """
         with self._lock:
             self._wake_all()
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
-        return any(thread.is_alive() for thread in self._threads)
+        abandoned = any(thread.is_alive() for thread in self._threads)
+        if self.coroutines is not None:
+            self.coroutines.close(cancel=abandoned)
+        return abandoned
 
     def _serve(self, lane: Lane) -> None:
         """One worker thread; should it die anyway, its work is recovered and a new thread takes the lane."""
@@ -97,7 +108,9 @@ class WorkerPool(WorkQueues):
                 continue
             work, verify = taken
             lane.current = work
-            if isinstance(work, FanOutJob):
+            if isinstance(work, Settled):
+                self._settle(work, lane)
+            elif isinstance(work, FanOutJob):
                 lane.batch.add_job(self._run_job(work, lane))
             else:
                 lane.batch.add_step(self._perform(work, chain, verify, lane))
@@ -157,21 +170,59 @@ class WorkerPool(WorkQueues):
     def _perform(
         self, step: WorkflowStep, chain: Chain, verify: bool, lane: Lane
     ) -> tuple[WorkflowStep, StepOutcome] | None:
-        """Run one body; the outcome still to apply, or None when it is dealt with already."""
+        """Run one body; the outcome still to apply, or None when it is dealt with already
+        (or its coroutine went to the event loop, which hands its end back)."""
         began = self._enter_body(lane)
         try:
-            done = perform_step(step, chain=chain, verify=verify)
+            done = begin_step(step, chain=chain, verify=verify)
+            if isinstance(done, tuple):
+                started = done[1]
+                if not isinstance(started, Awaiting):
+                    return step, started
+                if self._submitted(step, started):
+                    return None
+                return step, started.run_here()  # the loop is full: awaited on this thread
         except BaseException:
             logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)
             self._lost([step])
             return None
         finally:
             self._leave_body(lane, began)
-        if isinstance(done, tuple):
-            return done
         self.hand_out(chain.take(), verify=False, lane=lane)  # an atomic step's next step
         self._release([step])
         return None
+
+    def _submitted(self, claim: WorkflowStep | FanOutJob, awaiting: Awaiting[Any]) -> bool:
+        """Whether the event loop took the coroutine: this thread is free, so the loop may claim more."""
+        if self.coroutines is None or not self.coroutines.submit(claim, awaiting):
+            return False
+        self._on_free()
+        return True
+
+    def _hand_back(self, settled: Settled) -> None:
+        """On the loop's thread: a coroutine ended; a worker writes its outcome with its batch."""
+        with self._lock:
+            if not self._shared:
+                self._shared_since = time.monotonic()
+            self._shared.append((settled, False))
+            self._wake_idle(1)
+
+    def _drop(self, claim: WorkflowStep | FanOutJob) -> None:
+        """On the loop's thread: a body cancelled at shutdown; its attempt is left to be stalled."""
+        self._release([claim])
+
+    def _settle(self, settled: Settled, lane: Lane) -> None:
+        """Turn an ended coroutine into its outcome (or job end), written with ``lane``'s batch."""
+        try:
+            result = settled.result()
+        except BaseException:
+            logger.exception("The end of %s could not be settled", settled.awaiting.label)
+            self._lost([settled])
+            return
+        if isinstance(result, JobEnd):
+            lane.batch.add_job(result)
+        else:
+            lane.batch.add_step((cast(WorkflowStep, settled.work), result))
 
     def _write(self, batch: Batch, chain: Chain, lane: Lane) -> None:
         """Write the batch (one transaction for the steps, one for the jobs); what their
@@ -191,10 +242,13 @@ class WorkerPool(WorkQueues):
             self.hand_out(chain.take(), verify=False, lane=lane)
             self._release(works)
 
-    def _run_job(self, job: FanOutJob, lane: Lane) -> JobEnd:
-        """Call a claimed job's function (its end is written with the batch)."""
+    def _run_job(self, job: FanOutJob, lane: Lane) -> JobEnd | None:
+        """Call a claimed job's function (its end is written with the batch; an async one's when it ends)."""
         began = self._enter_body(lane)
         try:
-            return run_job(job)
+            started = start_job(job)
+            if not isinstance(started, Awaiting):
+                return started
+            return None if self._submitted(job, started) else started.run_here()
         finally:
             self._leave_body(lane, began)

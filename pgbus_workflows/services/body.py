@@ -6,11 +6,13 @@ Also the log line of an attempt that failed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.db import connection
@@ -30,9 +32,25 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pgbus_workflows")
 
+T = TypeVar("T")
+
 
 def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
-    """Call the step body with the step context set; never raises."""
+    """Call the step body with the step context set; never raises.
+
+    An ``async def`` body is awaited on this thread (:meth:`Awaiting.run_here`).
+    """
+    started = start_body(workflow, context)
+    return started.run_here() if isinstance(started, Awaiting) else started
+
+
+def start_body(workflow: RunHandle, context: StepContext) -> StepOutcome | Awaiting[StepOutcome]:
+    """Call the step body: its outcome, or, for an ``async def`` body, its coroutine still to await.
+
+    The dispatcher awaits that coroutine on its event loop (``dispatcher.coroutines``), so it
+    holds no thread; what ``self`` reads from the database (the subject, the outputs) is read
+    here first, as inside the coroutine Django refuses a query that is not awaited. Never raises.
+    """
     step = context.step
     definition = type(workflow).step_definition(step.step_name)
     if definition is None or definition.func is None:  # the guards ruled this out
@@ -40,31 +58,51 @@ def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
     workflow._context = context
     context.fan_out = definition.kind == "fan_out"
     try:
+        value = definition.func(workflow)
+    except BaseException as error:
+        return _settled(workflow, context, None, error)
+    if not inspect.isawaitable(value):
+        return _settled(workflow, context, value, None)
+    for name in ("subject", "outputs"):
+        getattr(workflow, name, None)
+    run = workflow.record
+    return Awaiting(
+        value,
+        definition.timeout,
+        f"{run.workflow_class} {run.workflow_id} step {step.step_name} (attempt {step.attempt})",
+        partial(_settled, workflow, context),
+    )
+
+
+def _settled(workflow: RunHandle, context: StepContext, value: Any, error: BaseException | None) -> StepOutcome:
+    """The outcome of a body that returned ``value`` or raised ``error``: exactly one, never raises."""
+    step_name = context.step.step_name
+    workflow._context = context
+    try:
         try:
-            value = definition.func(workflow)
-            if inspect.isawaitable(value):
-                value = awaited(workflow, value, definition.timeout)
+            if error is not None:
+                raise error
         except FlowControl as flow:
             if flow.kind == "finished":
-                return StepOutcome("finished", output=_encoded(flow.value, f"{step.step_name} result"))
+                return StepOutcome("finished", output=_encoded(flow.value, f"{step_name} result"))
             if flow.kind != "output":
                 return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
             value = flow.value
-        if definition.kind == "fan_out":
-            return _fan_out(workflow, step.step_name, value, context)
-        return StepOutcome("success", output=_encoded(value, f"{step.step_name} output"))
+        if context.fan_out:
+            return _fan_out(workflow, step_name, value, context)
+        return StepOutcome("success", output=_encoded(value, f"{step_name} output"))
     except FlowControl as flow:  # a verb called while encoding the output (a custom encoder)
         return StepOutcome(flow.kind, wait=flow.wait, reason=flow.reason)
     except BodyTimedOut as timed_out:  # the coroutine was cancelled: the attempt stalls, as a hung one would
         return StepOutcome("stall", error=timed_out, details={"detection": "timeout"})
-    except BaseException as error:
+    except BaseException as raised:
         # SystemExit, KeyboardInterrupt, GeneratorExit, CancelledError too: a body ends in one
         # recorded outcome whatever it raises, and the worker thread lives on.
-        if isinstance(error, CONNECTION_ERRORS) and (connection.connection is None or not connection.is_usable()):
+        if isinstance(raised, CONNECTION_ERRORS) and (connection.connection is None or not connection.is_usable()):
             # The database went away under the body (a restart, a failover): not the body's
             # fault, so not its policy's: the attempt stalls, as on a crash (STALL_ACTION).
-            return StepOutcome("stall", error=error)
-        return StepOutcome.from_error(error)
+            return StepOutcome("stall", error=raised)
+        return StepOutcome.from_error(raised)
     finally:
         workflow._context = None
 
@@ -73,31 +111,86 @@ class BodyTimedOut(Exception):
     """An ``async def`` body ran past its step's ``timeout=``: it was cancelled."""
 
 
-def awaited(workflow: RunHandle | None, coroutine: Awaitable[Any], timeout: timedelta | None = None) -> Any:
-    """An ``async def`` body's (or job's) value: awaited on an event loop of this worker thread's own.
+class Awaiting(Generic[T]):
+    """An ``async def`` body (or job) called and not yet awaited, and what turns its end into ``T``.
 
-    What ``self`` reads from the database (the subject, the outputs) is read first: inside the
-    coroutine Django refuses a query that is not awaited. Its awaited ORM calls run on this
-    thread, with its connection (asgiref hands them back to it). Past ``timeout`` the
-    coroutine is cancelled and :class:`BodyTimedOut` raised (a ``TimeoutError`` of its own
-    goes to its policy as any error).
+    The dispatcher awaits :attr:`coroutine` on its event loop and hands the value (or the
+    exception) to :meth:`settle` on a worker thread; :meth:`run_here` does both on this thread.
     """
-    if workflow is not None:
-        for name in ("subject", "outputs"):
-            getattr(workflow, name, None)
 
-    async def wait() -> Any:
-        if timeout is None:
-            return await coroutine
+    def __init__(
+        self,
+        coroutine: Awaitable[Any],
+        timeout: timedelta | None,
+        label: str,
+        settle: Callable[[Any, BaseException | None], T],
+    ) -> None:
+        self.coroutine = coroutine
+        self.timeout = timeout
+        #: What logs name it by: the class, run and step (or the job).
+        self.label = label
+        self._settle = settle
+        #: The caller's context (an attempt's trace span), which the coroutine runs in.
+        self.context = contextvars.copy_context()
+        self._when_settled: list[Callable[[T], None]] = []
+
+    def when_settled(self, callback: Callable[[T], None]) -> None:
+        """Call ``callback`` with the result once it is settled (the attempt's span ends then)."""
+        self._when_settled.append(callback)
+
+    def settle(self, value: Any, error: BaseException | None) -> T:
+        """The result of a coroutine that returned ``value`` or raised ``error``."""
+        result = self._settle(value, error)
+        for callback in self._when_settled:
+            callback(result)
+        return result
+
+    def run_here(self) -> T:
+        """Await the coroutine on an event loop of this thread's own, then settle it.
+
+        Its awaited ORM calls run on this thread, with its connection (asgiref hands them back).
+        """
         try:
-            async with asyncio.timeout(timeout.total_seconds()) as deadline:
-                return await coroutine
-        except TimeoutError:
-            if deadline.expired():
-                raise BodyTimedOut(f"cancelled after its timeout of {timeout}") from None
-            raise
+            value = self.context.run(async_to_sync(bounded), self.coroutine, self.timeout)
+        except BaseException as error:
+            return self.settle(None, error)
+        return self.settle(value, None)
 
-    return async_to_sync(wait)()
+
+async def bounded(coroutine: Awaitable[Any], timeout: timedelta | None) -> Any:
+    """Await ``coroutine``; past ``timeout`` it is cancelled and :class:`BodyTimedOut` raised.
+
+    A heartbeat from the body (:func:`extend_deadline`) starts ``timeout`` again from then. A
+    ``TimeoutError`` of the body's own goes to its policy as any error.
+    """
+    if timeout is None:
+        return await coroutine
+    seconds = timeout.total_seconds()
+    try:
+        async with asyncio.timeout(seconds) as deadline:
+            kept = _deadline.set((deadline, seconds))
+            try:
+                return await coroutine
+            finally:
+                _deadline.reset(kept)
+    except TimeoutError:
+        if deadline.expired():
+            raise BodyTimedOut(f"cancelled after its timeout of {timeout}") from None
+        raise
+
+
+#: The awaited body's deadline and its timeout in seconds (None: no ``timeout=``), for its heartbeats.
+_deadline: contextvars.ContextVar[tuple[asyncio.Timeout, float] | None] = contextvars.ContextVar(
+    "pgbus_workflows_deadline", default=None
+)
+
+
+def extend_deadline() -> None:
+    """An async body's heartbeat: its ``timeout=`` counts again from now (as the sweep's deadline does)."""
+    current = _deadline.get()
+    if current is not None:
+        deadline, seconds = current
+        deadline.reschedule(asyncio.get_running_loop().time() + seconds)
 
 
 def _encoded(value: Any, what: str) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import tracing
 from ..dsl.declared import registry
@@ -20,7 +20,7 @@ from ..states import StepStatus
 from . import waiting
 from .applying import apply_outcomes
 from .atomic import execute_atomic
-from .body import run_body
+from .body import Awaiting, start_body
 from .chain import Chain
 from .claims import claim_due_steps, still_in_progress
 from .context import StepContext
@@ -70,14 +70,30 @@ def perform_step(
     Returns ``(step, outcome)`` for the caller to apply (alone or with others); an outcome
     already applied (an ``atomic=True`` body commits with its outcome); or None when there
     is nothing to apply (the attempt was no longer in progress, or it parked for a signal).
+    An ``async def`` body is awaited on this thread.
+    """
+    done = begin_step(step, chain=chain, verify=verify)
+    if isinstance(done, tuple) and isinstance(done[1], Awaiting):
+        return step, done[1].run_here()
+    return cast("tuple[WorkflowStep, StepOutcome] | StepOutcome | None", done)
+
+
+def begin_step(
+    step: WorkflowStep, *, chain: Chain | None = None, verify: bool = True
+) -> tuple[WorkflowStep, StepOutcome | Awaiting[StepOutcome]] | StepOutcome | None:
+    """:func:`perform_step`, but an ``async def`` body comes back as its coroutine, not yet awaited.
+
+    The dispatcher awaits it on its event loop and settles it on a worker thread.
     """
     if verify and not _still_in_progress(step):
         return None  # cancelled (or stalled) between the claim and now: nothing runs
     return tracing.traced_attempt(step, partial(_attempt, step, chain))
 
 
-def _attempt(step: WorkflowStep, chain: Chain | None) -> tuple[WorkflowStep, StepOutcome] | StepOutcome | None:
-    """The guards and the body of a claimed attempt known to be in progress (:func:`perform_step`)."""
+def _attempt(
+    step: WorkflowStep, chain: Chain | None
+) -> tuple[WorkflowStep, StepOutcome | Awaiting[StepOutcome]] | StepOutcome | None:
+    """The guards and the body of a claimed attempt known to be in progress (:func:`begin_step`)."""
     run = step.run
     cls = handle_class(run.workflow_class)
     workflow = cls(run)
@@ -92,7 +108,7 @@ def _attempt(step: WorkflowStep, chain: Chain | None) -> tuple[WorkflowStep, Ste
             return None  # parked until a signal, or no longer in progress
         context = gate
     if outcome is None:
-        outcome = run_body(workflow, context)
+        return step, start_body(workflow, context)
     return step, outcome
 
 

@@ -34,7 +34,7 @@ from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, Workflow
 from ..sql import clock, rows
 from ..states import RunStatus, StepStatus, job_event
 from . import waiting
-from .body import awaited
+from .body import Awaiting
 from .chain import Chain
 from .children import CHILD_PREFIX
 from .handle import handle_class
@@ -159,16 +159,31 @@ def run_job(job: FanOutJob) -> JobEnd:
     """Call a claimed job's function; never raises (an error is kept in the ``JobEnd``).
 
     Every exception counts, ``SystemExit`` and ``KeyboardInterrupt`` included: a job ends in
-    one recorded end, and the worker thread lives on.
+    one recorded end, and the worker thread lives on. An ``async def`` function is awaited here.
     """
+    started = start_job(job)
+    return started.run_here() if isinstance(started, Awaiting) else started
+
+
+def start_job(job: FanOutJob) -> JobEnd | Awaiting[JobEnd]:
+    """Call a claimed job's function: its end, or, for an ``async def`` function, its coroutine to await."""
     try:
         function = resolve_job(job.function)
         value = function(*job.arguments.get("args", []), **job.arguments.get("kwargs", {}))
-        if inspect.isawaitable(value):  # an async def job
-            value = awaited(None, value)
-        return JobEnd(job, result=encode_payload(value, f"result of job {job.function} #{job.index}"))
     except BaseException as error:
-        return JobEnd(job, error=_formatted(error))
+        return _job_end(job, None, error)
+    if inspect.isawaitable(value):
+        return Awaiting(value, None, f"job {job.function} #{job.index} of step {job.step_id}", partial(_job_end, job))
+    return _job_end(job, value, None)
+
+
+def _job_end(job: FanOutJob, value: Any, error: BaseException | None) -> JobEnd:
+    if error is None:
+        try:
+            return JobEnd(job, result=encode_payload(value, f"result of job {job.function} #{job.index}"))
+        except BaseException as raised:
+            error = raised
+    return JobEnd(job, error=_formatted(error))
 
 
 def _formatted(error: BaseException) -> str:

@@ -93,3 +93,15 @@ class StepBody:
 
         context = self._step_context("heartbeat()")
         return True if context.atomic else heartbeat(context.step)
+
+    async def aheartbeat(self) -> bool:
+        """:meth:`heartbeat` from an ``async def`` body: its write is awaited, as the async ORM's
+        are, and the step's ``timeout=``, which cancels the coroutine, counts again from now."""
+        from asgiref.sync import sync_to_async
+
+        from ..services.body import extend_deadline  # services sit below: see heartbeat()
+
+        alive: bool = await sync_to_async(self.heartbeat)()
+        if alive:
+            extend_deadline()
+        return alive

@@ -66,13 +66,13 @@ def test_steps_arriving_one_at_a_time_run_on_the_warm_worker_not_on_each_of_sixt
 
 def test_a_burst_of_quick_steps_runs_on_about_four_of_sixteen_workers(pool_of, monkeypatch):
     runners = Counter()
-    real_perform = workers_module.perform_step
+    real_perform = workers_module.begin_step
 
     def counted(step, **kwargs):
         runners[threading.current_thread().name] += 1
         return real_perform(step, **kwargs)
 
-    monkeypatch.setattr(workers_module, "perform_step", counted)
+    monkeypatch.setattr(workers_module, "begin_step", counted)
     pool = pool_of(16)
     warm = NoOp3.start()
     pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # the pool learns its bodies are quick

@@ -304,6 +304,7 @@ def test_defaults(settings):
     assert wf_settings.NOTIFY_CHANNEL == "pgbus_workflows"
     assert wf_settings.AUTODISCOVER_MODULE == "workflows"
     assert wf_settings.PREPARED_STATEMENTS is True
+    assert wf_settings.ASYNC_CONCURRENCY == 100
 
 
 def test_an_empty_dict_gives_the_defaults():
@@ -427,6 +428,17 @@ def _check(value):
         ),
         ({"MAX_PAYLOAD_SIZE": True}, "pgbus_workflows.E006", "PGBUS_WORKFLOWS['MAX_PAYLOAD_SIZE'] must be a positive"),
         (
+            {"ASYNC_CONCURRENCY": -1},
+            "pgbus_workflows.E012",
+            "PGBUS_WORKFLOWS['ASYNC_CONCURRENCY'] must be an integer >= 0, got -1.",
+        ),
+        ({"ASYNC_CONCURRENCY": 1.5}, "pgbus_workflows.E012", "PGBUS_WORKFLOWS['ASYNC_CONCURRENCY'] must be an integer"),
+        (
+            {"ASYNC_CONCURRENCY": True},
+            "pgbus_workflows.E012",
+            "PGBUS_WORKFLOWS['ASYNC_CONCURRENCY'] must be an integer",
+        ),
+        (
             {"PREPARED_STATEMENTS": "no"},
             "pgbus_workflows.E011",
             "PGBUS_WORKFLOWS['PREPARED_STATEMENTS'] must be True or",
@@ -510,6 +522,7 @@ def test_every_bad_value_is_reported_at_once():
         },
         {"STALL_ACTION": "cancel"},
         {"STALL_ACTION": "reattempt"},
+        {"ASYNC_CONCURRENCY": 0},
     ],
 )
 def test_a_good_config_gives_no_error(value):
@@ -542,6 +555,7 @@ def test_the_readme_settings_table_lists_every_setting_with_its_default():
     rows = {line.split("`")[1]: line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| `")}
     assert set(rows) == set(DEFAULTS)
     assert rows["MAX_CHILD_DEPTH"] == str(DEFAULTS["MAX_CHILD_DEPTH"])
+    assert rows["ASYNC_CONCURRENCY"] == str(DEFAULTS["ASYNC_CONCURRENCY"])
 
 
 def test_settings_are_read_once_and_again_when_the_setting_is_replaced_or_deleted(settings):

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta
 
 import pytest
 from django.test import TestCase
@@ -21,6 +22,7 @@ from pgbus_workflows import Workflow, step, tracing
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import ROOT, database_url
+from tests.testapp.async_workflows import AsyncPing
 from tests.testapp.workflows import Approval, Counted, FailsFirst
 
 EXPORTER = InMemorySpanExporter()
@@ -246,6 +248,28 @@ def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp
         assert span["context"]["trace_id"] == f"0x{caller.trace_id:032x}"
         assert span["parent_id"] == f"0x{caller.span_id:016x}"
         assert span["attributes"]["pgbus_workflows.outcome"] == "success"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_body_awaited_on_the_dispatcher_s_loop_ends_its_span_with_its_outcome(dispatchers, tmp_path):
+    spans = tmp_path / "spans.jsonl"
+    with TRACER.start_as_current_span("request") as request:
+        wf = AsyncPing.start(n=7)
+    process = dispatchers("--once", env={"TESTAPP_SPAN_FILE": str(spans)})
+    assert process.wait() == 0, process.output()
+    exported = [json.loads(line) for line in spans.read_text().splitlines()]
+    attempts = [span for span in exported if "pgbus_workflows.step" in span["attributes"]]
+    assert sorted(span["name"] for span in attempts) == ["async_ping.call", "async_ping.record"]
+    caller = request.get_span_context()
+    for span in attempts:
+        assert span["attributes"]["pgbus_workflows.workflow_id"] == str(wf.workflow_id)
+        assert span["parent_id"] == f"0x{caller.span_id:016x}"
+        assert span["attributes"]["pgbus_workflows.outcome"] == "success"
+    call = next(span for span in attempts if span["name"] == "async_ping.call")
+    start, end = (call[key].replace("Z", "+00:00") for key in ("start_time", "end_time"))
+    assert datetime.fromisoformat(end) - datetime.fromisoformat(start) >= timedelta(seconds=0.05), (
+        "the span lasts as long as the awaited body"
+    )
 
 
 @pytest.mark.django_db(transaction=True)

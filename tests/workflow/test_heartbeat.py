@@ -4,6 +4,7 @@ The body runs in a real thread while the main thread runs the real sweep every 1
 a stall threshold shorter than the body.
 """
 
+import asyncio
 import time
 
 import pytest
@@ -42,6 +43,39 @@ class Beats(Workflow):
         pass
 
 
+class AsyncBeats(Workflow):
+    """The same body, ``async def``: it awaits its pauses and its heartbeats."""
+
+    name = "heartbeat_async_beats"
+
+    @step
+    async def long(self):
+        for _ in range(self.arguments["beats"]):
+            await asyncio.sleep(self.arguments["every"])
+            if self.arguments["heartbeat"]:
+                alive = await self.aheartbeat()
+                await SideEffect.objects.acreate(label="beat", key=str(alive))
+        return {"beats": self.arguments["beats"]}
+
+    @step
+    def after(self):
+        pass
+
+
+class AsyncBeatsPastTimeout(Workflow):
+    """Five 0.3 s awaits against a 0.6 s ``timeout=``, which cancels the coroutine unless it heartbeats."""
+
+    name = "heartbeat_async_past_timeout"
+
+    @step(timeout=0.6)
+    async def long(self):
+        for _ in range(5):
+            await asyncio.sleep(0.3)
+            if self.arguments["heartbeat"]:
+                await self.aheartbeat()
+        return "done"
+
+
 def run_while_sweeping(wf, during=None):
     """Execute the run's first step in a thread, sweeping every 100 ms until it ends."""
     (claimed,) = claim_due_steps(1, claimed_by="worker")
@@ -56,9 +90,10 @@ def run_while_sweeping(wf, during=None):
     return worker.finish()
 
 
+@pytest.mark.parametrize("cls", [Beats, AsyncBeats], ids=["plain", "async"])
 @override_settings(PGBUS_WORKFLOWS=SHORT)
-def test_a_body_that_heartbeats_outlives_the_stall_threshold():
-    wf = Beats.start(beats=5, every=0.3, heartbeat=True)
+def test_a_body_that_heartbeats_outlives_the_stall_threshold(cls):
+    wf = cls.start(beats=5, every=0.3, heartbeat=True)
 
     outcome = run_while_sweeping(wf)
 
@@ -70,10 +105,11 @@ def test_a_body_that_heartbeats_outlives_the_stall_threshold():
     assert wf.reload().current_step == "after"
 
 
+@pytest.mark.parametrize("cls", [Beats, AsyncBeats], ids=["plain", "async"])
 @override_settings(PGBUS_WORKFLOWS=SHORT)
-def test_without_heartbeats_the_same_body_is_stalled_and_its_outcome_discarded():
+def test_without_heartbeats_the_same_body_is_stalled_and_its_outcome_discarded(cls):
     # 2.4 s of body against a 0.6 s threshold: a sweep stalls it even on a loaded machine.
-    wf = Beats.start(beats=8, every=0.3, heartbeat=False)
+    wf = cls.start(beats=8, every=0.3, heartbeat=False)
 
     run_while_sweeping(wf)
 
@@ -105,3 +141,17 @@ def test_heartbeat_outside_a_body_raises_not_in_step():
     wf = Beats.start(beats=1, every=0, heartbeat=True)
     with pytest.raises(NotInStep, match="heartbeat"):
         wf.heartbeat()
+
+
+@pytest.mark.parametrize("heartbeat", [True, False])
+def test_an_async_body_s_heartbeat_moves_the_timeout_that_cancels_it(heartbeat):
+    wf = AsyncBeatsPastTimeout.start(heartbeat=heartbeat)
+    (claimed,) = claim_due_steps(1, claimed_by="worker")
+
+    outcome = execute_step(claimed)
+
+    if heartbeat:
+        assert (outcome.kind, wf.reload().status) == ("success", "finished")
+    else:
+        assert outcome.kind == "stall"
+        assert WorkflowEvent.objects.get(run=wf.record, kind="step_stalled").details["detection"] == "timeout"

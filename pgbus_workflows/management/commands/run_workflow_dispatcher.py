@@ -27,6 +27,17 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_int(value: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {number}")
+    return number
+
+
 def non_negative_seconds(value: str) -> float:
     """argparse type: a number of seconds >= 0."""
     try:
@@ -93,6 +104,13 @@ class Command(BaseCommand):
             "--concurrency", type=positive_int, default=4, help="worker threads, each with its own connection (4)"
         )
         parser.add_argument(
+            "--async-concurrency",
+            type=non_negative_int,
+            metavar="N",
+            help="async def bodies awaiting at once on the event loop, beside the threads "
+            "(0: awaited on the threads; default: the setting ASYNC_CONCURRENCY, 100)",
+        )
+        parser.add_argument(
             "--queue",
             dest="queues",
             action="append",
@@ -140,6 +158,7 @@ class Command(BaseCommand):
             self.serve_metrics(options["metrics_port"], options["metrics_address"])
         dispatcher = WorkflowDispatcher(
             concurrency=options["concurrency"],
+            async_concurrency=options["async_concurrency"],
             queues=options["queues"],
             once=options["once"],
             sweep=not options["no_sweep"],

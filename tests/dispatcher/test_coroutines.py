@@ -1,0 +1,265 @@
+"""The dispatcher's event loop: ``async def`` bodies and jobs await on it and hold no worker thread.
+
+A worker pool built as the dispatcher builds it (``async_capacity``), fed steps claimed from
+the database. Bodies wait on a gate (an event the test opens) so how many await at once is
+read while none has ended.
+"""
+
+import asyncio
+import logging
+import threading
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from pgbus_workflows import Job, Workflow, fan_out, step
+from pgbus_workflows.dispatcher.workers import WorkerPool
+from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowStep
+from pgbus_workflows.services import fanout
+from pgbus_workflows.services.claims import claim_due_steps
+from tests.procs import eventually
+from tests.testapp.async_workflows import GATE, gated_job
+from tests.testapp.workflows import NoOp3
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+#: The threads the gated bodies' awaited sync calls ran on.
+ORM_THREADS = set()
+
+
+@pytest.fixture(autouse=True)
+def gate():
+    GATE.reset()
+    ORM_THREADS.clear()
+    yield GATE
+    GATE.opened.set()
+
+
+class Gated(Workflow):
+    """One async step that waits for the gate, then a plain one."""
+
+    name = "coroutines_gated"
+    allow_multiple = True
+
+    @step
+    async def call(self):
+        ORM_THREADS.add(await sync_to_async(threading.get_ident)())
+        await GATE.wait(str(self.workflow_id))
+        return {"n": self.arguments["n"]}
+
+    @step
+    def record(self):
+        return self.outputs["call"]["n"]
+
+
+class Blocking(Workflow):
+    """An async body that blocks the loop (a sync sleep) instead of awaiting."""
+
+    name = "coroutines_blocking"
+
+    @step
+    async def blocks(self):
+        time.sleep(0.25)  # the mistake this class is about
+        return "done"
+
+
+class Hangs(Workflow):
+    """An async body that outlives its step's timeout."""
+
+    name = "coroutines_hangs"
+
+    @step(timeout=0.3)
+    async def hangs(self):
+        await asyncio.sleep(3600)
+
+
+class GatedFanOut(Workflow):
+    name = "coroutines_gated_fan_out"
+
+    @fan_out
+    def spread(self):
+        return [Job(gated_job, n) for n in range(6)]
+
+    @step
+    def total(self):
+        return sum(self.fan_out_results("spread"))
+
+
+@pytest.fixture
+def pool_of():
+    """A started pool of ``size`` workers with an event loop for ``awaiting`` bodies."""
+    started = []
+
+    def make(size, awaiting):
+        stopping, lost = threading.Event(), threading.Event()
+        pool = WorkerPool(
+            name="w",
+            queues=None,
+            size=size,
+            stopping=stopping,
+            on_free=lambda: None,
+            on_lost=lost.set,
+            async_capacity=awaiting,
+        )
+        pool.start()
+        started.append((pool, stopping, lost))
+        return pool
+
+    yield make
+    GATE.opened.set()
+    for pool, stopping, lost in started:
+        stopping.set()
+        assert not pool.join(time.monotonic() + 30), "a worker did not finish"
+        assert not lost.is_set()
+
+
+def claim_all(pool):
+    """Claim every due step and hand it to ``pool``, as the dispatcher's loop does."""
+    claimed = claim_due_steps(100, None, "w")
+    pool.hand_out(claimed, verify=True)
+    return claimed
+
+
+def finished(pool, *runs):
+    """A check for ``eventually``: claims what is due (as the loop would), then whether ``runs`` finished."""
+
+    def check():
+        claim_all(pool)
+        return all(wf.reload().status == "finished" for wf in runs)
+
+    return check
+
+
+def test_one_worker_thread_awaits_ten_bodies_at_once_and_still_runs_plain_steps(pool_of):
+    runs = Gated.start_many([{"arguments": {"n": n}} for n in range(10)])
+    pool = pool_of(1, awaiting=20)
+    claim_all(pool)
+    eventually(lambda: len(GATE.entered) == 10, what="all ten bodies to await at once on one worker")
+    assert pool.free_slots() >= 1, "bodies awaiting on the loop hold no worker: the loop may claim more"
+    [orm_thread] = ORM_THREADS  # asgiref's one database thread, as outside a request
+    assert orm_thread not in {thread.ident for thread in pool._threads}
+
+    plain = NoOp3.start()
+    eventually(finished(pool, plain), what="a plain run to finish beside ten awaiting bodies")
+    assert not any(wf.reload().status == "finished" for wf in runs)
+
+    GATE.opened.set()
+    eventually(finished(pool, *runs), what="the ten runs to finish")
+    assert sorted(wf.reload().outputs["record"] for wf in runs) == list(range(10))
+
+
+def test_a_full_loop_leaves_the_next_bodies_to_the_worker_threads(pool_of):
+    Gated.start_many([{"arguments": {"n": n}} for n in range(110)])
+    pool = pool_of(4, awaiting=100)
+    eventually(
+        lambda: claim_all(pool) == [] and len(GATE.entered) == 104,
+        what="a hundred bodies on the loop and four on the threads",
+    )
+    assert pool.coroutines.full()
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        assert len(GATE.entered) == 104, "a claimed body waits for a place rather than past the capacity"
+        time.sleep(0.02)
+    GATE.opened.set()
+    eventually(
+        lambda: WorkflowStep.objects.filter(step_name="call", status="completed").count() == 110,
+        what="the 110 outcomes to be written",
+    )
+
+
+def test_without_a_loop_each_body_is_awaited_on_its_worker(pool_of):
+    Gated.start_many([{"arguments": {"n": n}} for n in range(3)])
+    pool = pool_of(1, awaiting=0)
+    assert pool.coroutines is None
+    claim_all(pool)
+    eventually(lambda: len(GATE.entered) == 1, what="the first body")
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        assert len(GATE.entered) == 1, "one worker, no loop: one body at a time"
+        time.sleep(0.02)
+    GATE.opened.set()
+    eventually(
+        lambda: WorkflowStep.objects.filter(step_name="call", status="completed").count() == 3,
+        what="the three outcomes",
+    )
+
+
+def test_async_jobs_await_on_the_loop_together(pool_of):
+    wf = GatedFanOut.start()
+    pool = pool_of(1, awaiting=10)
+    claim_all(pool)
+    eventually(lambda: FanOutJob.objects.count() == 6, what="the fan-out's jobs")
+    jobs = fanout.claim_due_jobs(10, None, "w")
+    pool.hand_out(jobs, verify=True)
+    eventually(lambda: len(GATE.entered) == 6, what="the six async jobs to await at once on one worker")
+    GATE.opened.set()
+    eventually(finished(pool, wf), what="the fan-out to resolve and the run to end")
+    assert wf.reload().outputs["total"] == sum(n * 10 for n in range(6))
+
+
+def test_a_body_that_blocks_the_loop_is_logged_by_name(pool_of, caplog):
+    wf = Blocking.start()
+    pool = pool_of(1, awaiting=10)
+    with caplog.at_level(logging.WARNING, logger="pgbus_workflows"):
+        claim_all(pool)
+        eventually(lambda: wf.reload().status == "finished", what="the blocking body to end")
+    [warning] = [record.getMessage() for record in caplog.records if "held the event loop" in record.getMessage()]
+    named = f"coroutines_blocking {wf.workflow_id} step blocks (attempt 1)"
+    assert warning.startswith(f"{named} held the event loop for 0.2")
+    assert "sync_to_async" in warning
+
+
+def test_a_body_past_its_timeout_is_cancelled_on_the_loop_and_its_attempt_stalls(pool_of):
+    wf = Hangs.start()
+    pool = pool_of(1, awaiting=10)
+    claim_all(pool)
+    eventually(
+        lambda: WorkflowEvent.objects.filter(run=wf.record, kind="step_stalled").exists(),
+        what="the attempt to stall at its timeout",
+    )
+    event = WorkflowEvent.objects.get(run=wf.record, kind="step_stalled")
+    assert event.details["detection"] == "timeout"
+    assert "cancelled after its timeout" in event.details["cause"]
+
+
+def test_stopping_waits_for_awaiting_bodies_to_end_and_write_their_outcomes(pool_of):
+    runs = Gated.start_many([{"arguments": {"n": n}} for n in range(3)])
+    pool = pool_of(1, awaiting=10)
+    claim_all(pool)
+    eventually(lambda: len(GATE.entered) == 3, what="three bodies awaiting")
+    pool._stopping.set()
+    threading.Timer(0.3, GATE.opened.set).start()
+    assert not pool.join(time.monotonic() + 30), "the workers waited for the awaiting bodies"
+    assert not GATE.cancelled
+    assert [WorkflowStep.objects.get(run=wf.record, step_name="call").status for wf in runs] == ["completed"] * 3
+
+
+def test_past_the_grace_the_awaiting_bodies_are_cancelled(pool_of):
+    Gated.start_many([{"arguments": {"n": n}} for n in range(3)])
+    pool = pool_of(1, awaiting=10)
+    claim_all(pool)
+    eventually(lambda: len(GATE.entered) == 3, what="three bodies awaiting")
+    pool._stopping.set()
+    assert pool.join(time.monotonic() + 0.3), "bodies still awaiting at the deadline are reported abandoned"
+    assert GATE.cancelled == GATE.entered
+    # Their attempts are the dispatcher's to stall (``_stall_own``): still in progress here.
+    assert set(WorkflowStep.objects.filter(step_name="call").values_list("status", flat=True)) == {"in_progress"}
+
+
+def test_a_run_cancelled_while_its_body_awaits_on_the_loop_keeps_its_cancel(pool_of):
+    wf = Gated.start(n=1)
+    pool = pool_of(1, awaiting=10)
+    claim_all(pool)
+    eventually(lambda: len(GATE.entered) == 1, what="the body awaiting")
+
+    wf.cancel(actor="bob", reason="customer asked")
+    GATE.opened.set()
+
+    discarded = WorkflowEvent.objects.filter(run=wf.record, kind="outcome_discarded")
+    eventually(discarded.exists, what="the body's outcome to be discarded")
+    assert discarded.get().details["outcome"] == "success"
+    assert wf.reload().status == "cancelled"
+    row = WorkflowStep.objects.get(run=wf.record)
+    assert (row.step_name, row.status, row.outcome, row.output) == ("call", "cancelled", "cancelled", None)

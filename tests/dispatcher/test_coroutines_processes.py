@@ -1,0 +1,65 @@
+"""A real ``run_workflow_dispatcher`` awaiting ``async def`` bodies on its event loop.
+
+Bodies wait for a file the test creates, so what is counted is read while none has ended.
+"""
+
+import signal
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from pgbus_workflows.models import WorkflowEvent, WorkflowStep
+from tests.procs import eventually
+from tests.testapp.async_workflows import BlocksTheLoop, FileGated
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.2}
+
+
+def began():
+    return SideEffect.objects.filter(label="file-gated-began").count()
+
+
+def test_one_thread_awaits_thirty_bodies_and_sigterm_lets_them_finish(dispatchers, tmp_path):
+    gate = tmp_path / "open"
+    runs = FileGated.start_many([{"arguments": {"n": n, "gate": str(gate)}} for n in range(30)])
+    process = dispatchers("--concurrency", "1", "--async-concurrency", "50", settings=FAST)
+    eventually(lambda: began() == 30, timeout=60, what="thirty bodies awaiting at once on one thread")
+
+    process.send(signal.SIGTERM)
+    eventually(lambda: "finishing running steps" in process.output(), what="the signal to be logged")
+    gate.touch()
+
+    assert process.wait(timeout=60) == 0, process.output()
+    calls = WorkflowStep.objects.filter(step_name="call", run__in=[wf.record for wf in runs])
+    assert set(calls.values_list("status", "outcome")) == {("completed", "success")}, process.output()
+    assert "(and 50 async bodies)" in process.output()
+
+
+def test_past_the_shutdown_timeout_awaiting_bodies_are_cancelled_and_their_attempts_stalled(dispatchers, tmp_path):
+    FileGated.start_many([{"arguments": {"n": n, "gate": str(tmp_path / "never")}} for n in range(3)])
+    process = dispatchers("--shutdown-timeout", "1", settings=FAST)
+    eventually(lambda: began() == 3, timeout=60, what="three bodies awaiting")
+
+    process.send(signal.SIGTERM)
+
+    assert process.wait(timeout=60) == 0, process.output()
+    stalled = WorkflowEvent.objects.filter(kind="step_stalled")
+    assert sorted(stalled.values_list("details__detection", flat=True)) == ["shutdown_timeout"] * 3, process.output()
+
+
+def test_a_body_blocking_the_loop_is_named_in_the_log(dispatchers):
+    wf = BlocksTheLoop.start()
+    process = dispatchers("--once")
+    assert process.wait(timeout=60) == 0, process.output()
+    assert wf.reload().status == "finished"
+    assert f"async_blocks_the_loop {wf.workflow_id} step blocks (attempt 1) held the event loop for 0.3" in (
+        process.output()
+    )
+
+
+def test_a_negative_async_concurrency_is_refused():
+    with pytest.raises(CommandError, match="must not be negative"):
+        call_command("run_workflow_dispatcher", "--async-concurrency", "-1")

@@ -42,7 +42,7 @@ from bench.intervals import described, no_slower
 
 
 def wall_seconds(class_name: str, runs: int, seconds: float) -> float:
-    """Seconds from the first body's start to the last one's end, for ``runs`` runs drained by one dispatcher of four."""
+    """Seconds from the first body's start to the last one's end: ``runs`` runs, one dispatcher of four."""
     from django.db.models import Max, Min
 
     from pgbus_workflows.dsl.declared import registry
@@ -115,7 +115,8 @@ def main() -> None:
     serial = args.runs * args.seconds
     awaited = wall_seconds("async_awaits_io", args.runs, args.seconds)
     slept = wall_seconds("async_sleeps_io", args.runs, args.seconds)
-    print(f"| {args.runs:,} runs, one {args.seconds:g} s step each, one dispatcher of four | wall (s) | / serial time |")
+    title = f"{args.runs:,} runs, one {args.seconds:g} s step each, one dispatcher of four"
+    print(f"| {title} | wall (s) | / serial time |")
     print("|---|---:|---:|")
     print(f"| serial time (runs x seconds) | {serial:,.0f} | 1 |")
     print(f"| plain body, `time.sleep` | {slept:,.1f} | 1/{serial / slept:,.1f} |")
@@ -130,12 +131,12 @@ def main() -> None:
     off, on = trickles(args.trickle_runs, args.repeat)
     ratios = [b / a for a, b in zip(off, on, strict=True)]
     print()
-    print(f"| {args.repeat} repetitions, paired | loop off (steps/s) | loop on (steps/s) | ratio | interval | no slower? |")
+    header = "loop off (steps/s) | loop on (steps/s) | ratio | interval | no slower?"
+    print(f"| {args.repeat} repetitions, paired | {header} |")
     print("|---|---:|---:|---:|---|---|")
-    print(
-        f"| trickle of {args.trickle_runs} plain runs, one dispatcher of four | {statistics.median(off):,.0f} "
-        f"| {statistics.median(on):,.0f} | {statistics.median(ratios):.2f} | {described(ratios)} | {no_slower(ratios)} |"
-    )
+    medians = f"{statistics.median(off):,.0f} | {statistics.median(on):,.0f} | {statistics.median(ratios):.2f}"
+    what = f"trickle of {args.trickle_runs} plain runs, one dispatcher of four"
+    print(f"| {what} | {medians} | {described(ratios)} | {no_slower(ratios)} |")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,37 @@ class SimplePgbusWorkflowsConfig(AppConfig):
         from .services import fanout  # noqa: F401 - resolves a parent's fan-out when a child run ends
 
         post_migrate.connect(_install_functions, sender=self, dispatch_uid="pgbus_workflows_functions")
+        _register_task_classes()
+
+
+def _register_task_classes() -> None:
+    """The workflow class of each ``TASKS`` alias this app's backend serves, made now so dispatchers know it.
+
+    A backend path that does not import is left to Django's own check; ours failing to import
+    (Django 5.2 without the backport) raises its ``ImproperlyConfigured`` here, at startup.
+    """
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    configured = getattr(settings, "TASKS", None)
+    if not isinstance(configured, dict):
+        return
+    for alias, params in configured.items():
+        path = params.get("BACKEND") if isinstance(params, dict) else None
+        if not isinstance(path, str):
+            continue
+        try:
+            backend = import_string(path)
+        except ImportError:
+            continue
+        if getattr(backend, "serves_workflow_tasks", False):
+            from .exceptions import ConfigurationError
+            from .tasks.runs import task_workflow
+
+            try:
+                task_workflow(alias, params.get("OPTIONS") or {})
+            except ConfigurationError:
+                pass  # the backend's check() reports it, and its enqueue raises it
 
 
 def _install_functions(sender: AppConfig, using: str, **kwargs: Any) -> None:

@@ -51,3 +51,8 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 # Dispatcher subprocesses started by the tests get short thresholds through this variable.
 PGBUS_WORKFLOWS = {"MAX_PAYLOAD_SIZE": 4096, **json.loads(os.environ.get("PGBUS_WORKFLOWS_JSON", "{}"))}
+# The task backend (pgbus_workflows.tasks): Django 6's django.tasks, or the django-tasks backport.
+TASKS = {
+    "default": {"BACKEND": "pgbus_workflows.tasks.WorkflowsBackend", "QUEUES": ["default", "emails"]},
+    "retrying": {"BACKEND": "pgbus_workflows.tasks.WorkflowsBackend", "OPTIONS": {"ATTEMPTS": 3, "BACKOFF": 0.01}},
+}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..conf import settings
 from ..dsl.declared import DeclaredWorkflow, registry
 from ..exceptions import ConfigurationError
 from .payload import load_subject
 
 if TYPE_CHECKING:
     # Annotations only: ``Workflow`` builds on this module, and the package imports it before the app registry is ready.
+    from ..dsl.definitions import StepDefinition
     from ..models import WorkflowRun
     from .context import StepContext
 
@@ -51,6 +53,14 @@ class RunHandle(DeclaredWorkflow):
     def cancel_if(self) -> bool:
         """Override to cancel the run before any step when it returns True."""
         return False
+
+    @classmethod
+    def _attempt_route(cls, definition: StepDefinition, run: WorkflowRun) -> tuple[str, int]:
+        """``(queue, priority)`` of a new attempt of ``definition`` in ``run``: the step's, else the
+        class's ``step_options``, else ``DEFAULT_QUEUE`` and 0. (A task routes by its run.)"""
+        queue = definition.queue or cls.step_options.get("queue") or settings.DEFAULT_QUEUE
+        priority = definition.priority
+        return queue, cls.step_options.get("priority", 0) if priority is None else priority
 
 
 def handle_class(name: str) -> type[RunHandle]:

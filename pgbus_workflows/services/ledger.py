@@ -237,7 +237,7 @@ class RunLedger:
         self, definition: StepDefinition, attempt: int, wait: timedelta, retry_of: WorkflowStep | None = None
     ) -> WorkflowStep:
         """An attempt of ``definition`` due after ``wait``, unsaved (:meth:`schedule` inserts one)."""
-        queue = definition.queue or self.cls.step_options.get("queue") or settings.DEFAULT_QUEUE
+        queue, priority = self.cls._attempt_route(definition, self.run)
         carry = (
             bool(definition.wait_for)
             and retry_of is not None
@@ -245,9 +245,6 @@ class RunLedger:
             # A wait that itself timed out (on_timeout="pause") waits again when resumed.
             and not retry_of.error_class.endswith(WaitTimedOut.__name__)
         )
-        priority = definition.priority
-        if priority is None:
-            priority = self.cls.step_options.get("priority", 0)
         return rows.build(
             WorkflowStep,
             run=self.run,

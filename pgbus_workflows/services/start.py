@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import IntegrityError, OperationalError, ProgrammingError, transaction
@@ -50,13 +50,16 @@ def start_run(
     actor: str | None = None,
     rerun_of: WorkflowRun | None = None,
     tick: Tick | None = None,
+    delay: timedelta | None = None,
 ) -> H:
     """Create a run of ``cls`` and schedule its first step; returns the handle.
 
     Works inside the caller's ``transaction.atomic()`` (the dispatcher sees nothing until it
     commits). Bad input raises before anything is written. ``tick``: the schedule and the
     time it fired for (``services.firing``), stored on the run and in its ``started`` event.
-    A class with ``debounce`` may return an earlier run of the key instead (``services.debounce``).
+    ``delay``: the first step is due that long after now, not after its own ``wait`` (a
+    task's ``run_after``). A class with ``debounce`` may return an earlier run of the key
+    instead (``services.debounce``).
     """
     subject_type, subject_id, payload = _checked(cls, subject, idempotency_key, arguments)
     debounced = debounced_key(cls, subject, subject_type, subject_id, payload, tick is not None or rerun_of is not None)
@@ -64,7 +67,7 @@ def start_run(
     try:
         if debounced is not None:
             return _start_debounced(cls, *debounced, (idempotency_key, subject_type, subject_id, payload), actor)
-        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of, tick)
+        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of, tick, delay=delay)
     except (ProgrammingError, OperationalError) as error:
         not_migrated = explain(error)
         if not_migrated is not None:
@@ -156,6 +159,7 @@ def _insert(
     tick: Tick | None = None,
     lineage: dict[str, Any] | None = None,
     debounce: tuple[str, Debounce] | None = None,  # (key, declaration): the first attempt waits its period
+    delay: timedelta | None = None,
 ) -> H:
     now = clock.now()
     first = cls.next_step_after(None)
@@ -173,7 +177,7 @@ def _insert(
     if first is not None and sql.postgresql() and debounce is None:
         # The common case in one statement: no transaction of its own, no savepoint, no
         # lookup of the key first (a refused insert writes nothing and raises nothing).
-        step = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
+        step = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1) if delay is None else delay)
         event = ledger.new_event("started", **started)
         if not rows.insert_run(record, step, event, (settings.NOTIFY_CHANNEL, step.queue)):
             return conflict(cls, subject_type, subject_id, idempotency_key, payload)
@@ -194,7 +198,7 @@ def _insert(
         if first is None:
             ledger.transition("finish", RunStatus.FINISHED, kind="finished", actor=actor, reason="no steps")
         else:
-            ledger.schedule(first, attempt=1, wait=debounce[1].period if debounce else None)
+            ledger.schedule(first, attempt=1, wait=debounce[1].period if debounce else delay)
         ledger.send(signals.workflow_started, subject_type=subject_type, subject_id=subject_id)
         ledger.flush()
     return cls(record)

@@ -1,0 +1,100 @@
+"""``WorkflowsBackend``: Django's task backend API on this app's tables and dispatchers.
+
+    TASKS = {"default": {"BACKEND": "pgbus_workflows.tasks.WorkflowsBackend", "QUEUES": ["default", "emails"]}}
+
+``enqueue`` starts a run of the alias's task class (:mod:`.runs`) in the caller's transaction:
+a rolled-back request enqueues nothing, and a dispatcher sees the task when it commits (the
+start's NOTIFY goes with the commit). The dispatchers run it as any step.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.core import checks
+
+from ..exceptions import ConfigurationError
+from ..services.start import start_run
+from ..sql import clock
+from .api import BaseTaskBackend, Task, TaskResult, TaskResultStatus, normalize_json, task_enqueued
+from .results import get_result
+from .runs import task_workflow
+
+
+class WorkflowsBackend(BaseTaskBackend):
+    """Tasks stored and claimed like workflow steps, run by ``manage.py run_workflow_dispatcher``.
+
+    ``OPTIONS``: ``ATTEMPTS`` (how many times a failing task runs, default 1) and ``BACKOFF``
+    (the wait before the second attempt, doubling with jitter after: seconds, a timedelta or
+    ``backoff(...)``; default 10 s).
+    """
+
+    #: Marks this backend (and subclasses) for the app's ``ready()``, which makes each alias's class.
+    serves_workflow_tasks = True
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self._options_error: ConfigurationError | None = None
+        try:
+            task_workflow(alias, self.options)
+        except ConfigurationError as error:
+            self._options_error = error  # check() reports it; enqueue raises it
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Store the task to run (in the caller's transaction); its ``TaskResult``, status READY.
+
+        Arguments that are not JSON raise the API's own ``TypeError`` or ``ValueError``
+        (``normalize_json``) before anything is written.
+        """
+        self.validate_task(task)
+        if self._options_error is not None:
+            raise self._options_error
+        cls = task_workflow(self.alias, self.options)
+        stored_args: list[Any] = normalize_json(list(args))  # type: ignore[assignment]
+        stored_kwargs: dict[str, Any] = normalize_json(dict(kwargs))  # type: ignore[assignment]
+        run_after = task.run_after
+        delay = None if run_after is None else max(run_after - clock.now(), timedelta(0))
+        arguments = {
+            "task": task.module_path,
+            "args": stored_args,
+            "kwargs": stored_kwargs,
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+            "run_after": None if run_after is None else run_after.isoformat(),
+            "backend": self.alias,
+        }
+        handle = start_run(cls, None, arguments=arguments, delay=delay)
+        run = handle.record
+        result: TaskResult = TaskResult(
+            task=task,
+            id=str(run.workflow_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=run.created_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=stored_args,
+            kwargs=stored_kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's result as stored now; ``TaskResultDoesNotExist`` for an id this alias never gave."""
+        return get_result(self.alias, result_id)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """The backend's ``OPTIONS`` (and what the API's own checks say)."""
+        messages = list(super().check(**kwargs))
+        if self._options_error is not None:
+            message = f"TASKS[{self.alias!r}]: {self._options_error}"
+            messages.append(checks.Error(message, id="pgbus_workflows.E013", obj=type(self)))
+        return messages

@@ -1,7 +1,7 @@
 """The operator console, which Django's admin autodiscovers as ``pgbus_workflows.admin``.
 
 Importing the package registers every ``ModelAdmin``: ``runs`` (the runs), ``records`` (their
-attempts, events, signals, jobs and the dispatchers) and ``schedules``. The classes are
+attempts, events, signals, jobs and the dispatchers), ``schedules`` and ``tasks``. The classes are
 re-exported so that
 ``from pgbus_workflows.admin import WorkflowRunAdmin`` keeps working for projects that
 subclass or re-register them.
@@ -18,11 +18,13 @@ from .records import (
 )
 from .runs import RUN_FIELDS, RUN_READONLY, WorkflowRunAdmin
 from .schedules import WorkflowScheduleAdmin
+from .tasks import DjangoTaskAdmin
 
 __all__ = [
     "RUN_FIELDS",
     "RUN_READONLY",
     "DispatcherAdmin",
+    "DjangoTaskAdmin",
     "FanOutJobAdmin",
     "ReadOnlyAdmin",
     "WorkflowEventAdmin",

@@ -28,16 +28,19 @@ from .records import (
 )
 from .runs import UNSUCCESSFUL_STEP, WorkflowRun, WorkflowRunQuerySet, WorkflowStep, WorkflowStepQuerySet
 from .schedules import ScheduleEvent, WorkflowSchedule
+from .tasks import TASK_CLASS_PREFIX, DjangoTask
 
 __all__ = [
     "ACTIVE_STEP",
     "NOTABLE_EVENT_KINDS",
     "ONGOING_RUN",
+    "TASK_CLASS_PREFIX",
     "TERMINAL_RUN",
     "UNFINISHED_JOB",
     "UNSUCCESSFUL_JOB",
     "UNSUCCESSFUL_STEP",
     "Dispatcher",
+    "DjangoTask",
     "FanOutJob",
     "JobStatus",
     "RunStatus",

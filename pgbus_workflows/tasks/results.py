@@ -9,13 +9,10 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from ..models import WorkflowRun, WorkflowStep
+from ..models import TASK_CLASS_PREFIX, WorkflowRun, WorkflowStep
 from ..sql import clock
 from ..states import RunStatus, StepStatus
 from .api import Task, TaskContext, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
-
-#: Task classes' names: ``django_task.<alias>`` (``runs.task_workflow``).
-CLASS_PREFIX = "django_task."
 
 
 def task_of(arguments: dict[str, Any], alias: str) -> Task:
@@ -46,7 +43,7 @@ def get_result(alias: str, result_id: str) -> TaskResult:
         workflow_id = uuid.UUID(str(result_id))
     except ValueError:
         raise TaskResultDoesNotExist(result_id) from None
-    run = WorkflowRun.objects.filter(workflow_id=workflow_id, workflow_class=f"{CLASS_PREFIX}{alias}").first()
+    run = WorkflowRun.objects.filter(workflow_id=workflow_id, workflow_class=f"{TASK_CLASS_PREFIX}{alias}").first()
     if run is None:
         raise TaskResultDoesNotExist(result_id)
     return result_of(run, alias)

@@ -16,9 +16,9 @@ from typing import Any
 from ..dsl.backoff import Backoff, backoff
 from ..dsl.definitions import OnException, StepDefinition, step
 from ..exceptions import ConfigurationError
-from ..models import WorkflowRun
+from ..models import TASK_CLASS_PREFIX, WorkflowRun
 from ..workflow import Workflow
-from .results import CLASS_PREFIX, context_of, finished, running_result, task_of
+from .results import context_of, finished, running_result, task_of
 
 #: ``OPTIONS`` keys and their defaults: one attempt (the API retries nothing), then 10 s, doubling.
 DEFAULT_OPTIONS: dict[str, Any] = {"ATTEMPTS": 1, "BACKOFF": 10}
@@ -102,7 +102,7 @@ def task_workflow(alias: str, options: dict[str, Any] | None = None) -> type[Tas
     namespace = {
         "__module__": __name__,
         "__qualname__": f"TaskRun[{alias}]",
-        "name": f"{CLASS_PREFIX}{alias}",
+        "name": f"{TASK_CLASS_PREFIX}{alias}",
         "alias": alias,
         "options": (attempts, wait),
         "exception_policies": policies,

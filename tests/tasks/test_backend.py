@@ -10,11 +10,13 @@ from io import StringIO
 import pytest
 from django.core import checks as django_checks
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import TransactionTestCase, override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from pgbus_workflows.models import WorkflowRun
 from pgbus_workflows.tasks.api import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -154,8 +156,6 @@ def test_a_queue_the_backend_does_not_serve_is_refused():
 def test_arguments_that_are_not_json_are_refused_at_enqueue_and_nothing_is_written(bad):
     with pytest.raises((TypeError, ValueError)):
         tasks.noted.enqueue(bad)
-    from pgbus_workflows.models import WorkflowRun
-
     assert not WorkflowRun.objects.exists()
 
 
@@ -211,6 +211,21 @@ def test_tasks_are_runs_in_the_admin_and_the_cli(admin_client):
     page = admin_client.get(changelist, {"workflow_class": "django_task.default"}).content.decode()
     assert failed.id in page and done.id in page
 
+    waiting = tasks.noted.enqueue("later")
+    tasks_page = admin_client.get(reverse("admin:pgbus_workflows_djangotask_changelist"))
+    assert tasks_page.status_code == 200
+    rows = {row.split("</tr>")[0] for row in tasks_page.content.decode().split("<tr")[2:]}
+    by_id = {result.id: next(row for row in rows if result.id in row) for result in (failed, done, waiting)}
+    assert "SUCCESSFUL" in by_id[done.id] and "tests.testapp.tasks.add" in by_id[done.id]
+    assert "FAILED" in by_id[failed.id] and ">ValueError<" in by_id[failed.id]
+    assert "READY" in by_id[waiting.id] and ">0<" in by_id[waiting.id]
+    run_page = reverse(
+        "admin:pgbus_workflows_workflowrun_change", args=[WorkflowRun.objects.get(workflow_id=done.id).pk]
+    )
+    assert run_page in by_id[done.id]
+    found = admin_client.get(reverse("admin:pgbus_workflows_djangotask_changelist"), {"q": failed.id[:8]})
+    assert failed.id in found.content.decode() and done.id not in found.content.decode()
+
 
 def test_a_task_cancelled_before_it_ran_never_runs_and_is_failed():
     result = tasks.noted.enqueue("cancelled")
@@ -245,3 +260,37 @@ def test_the_api_s_signals_are_sent_at_enqueue_start_and_finish():
         ("started", result.id, TaskResultStatus.RUNNING, None),
         ("finished", result.id, TaskResultStatus.SUCCESSFUL, 4),
     ]
+
+
+def test_the_tasks_list_costs_the_same_queries_for_three_tasks_or_thirty(admin_client):
+    url = reverse("admin:pgbus_workflows_djangotask_changelist")
+
+    def queries_for(count):
+        for n in range(count):
+            tasks.noted.enqueue(n)
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(url).status_code == 200
+        return len(captured)
+
+    assert queries_for(3) == queries_for(27)
+
+
+def test_a_rerun_task_is_a_new_task_with_the_same_arguments():
+    failed = tasks.fails.enqueue("boom")
+    drain()
+    printed = StringIO()
+    call_command("workflows", "rerun", failed.id, "--json", "--reason", "try again", stdout=printed)
+    [again] = WorkflowRun.objects.exclude(workflow_id=failed.id)
+    rerun = task_backends["default"].get_result(str(again.workflow_id))
+    assert (rerun.task.func, rerun.args, rerun.status) == (tasks.fails.func, ["boom"], TaskResultStatus.READY)
+
+
+def test_whoever_may_view_runs_may_view_tasks(client):
+    from django.contrib.auth.models import Permission, User
+
+    viewer = User.objects.create_user("viewer", is_staff=True)
+    url = reverse("admin:pgbus_workflows_djangotask_changelist")
+    client.force_login(viewer)
+    assert client.get(url).status_code == 403
+    viewer.user_permissions.add(Permission.objects.get(codename="view_workflowrun"))
+    assert client.get(url).status_code == 200

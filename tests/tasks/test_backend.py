@@ -26,6 +26,7 @@ from pgbus_workflows.tasks.api import (
     task_finished,
     task_started,
 )
+from tests.exposition import samples, value
 from tests.procs import eventually
 from tests.testapp import tasks
 from tests.testapp.models import SideEffect
@@ -294,3 +295,20 @@ def test_whoever_may_view_runs_may_view_tasks(client):
     assert client.get(url).status_code == 403
     viewer.user_permissions.add(Permission.objects.get(codename="view_workflowrun"))
     assert client.get(url).status_code == 200
+
+
+@override_settings(ROOT_URLCONF="tests.metrics_urls")
+def test_tasks_are_counted_in_the_metrics_as_runs_of_their_class(client):
+    tasks.add.enqueue(1, 1)
+    tasks.add.enqueue(2, 2)
+    table = samples(client.get("/metrics/").content.decode())
+    assert value(table, "pgbus_workflows_runs", workflow_class="django_task.default", status="ready") == 2
+
+
+def test_retention_deletes_a_finished_task_as_it_deletes_a_run():
+    result = tasks.add.enqueue(3, 4)
+    drain()
+    with override_settings(PGBUS_WORKFLOWS={"RETENTION": 0.05}):
+        eventually(lambda: not drain() and not WorkflowRun.objects.exists(), what="the sweep's retention")
+    with pytest.raises(TaskResultDoesNotExist):
+        result.refresh()

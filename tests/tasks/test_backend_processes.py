@@ -53,3 +53,11 @@ def test_two_dispatchers_run_each_of_a_hundred_tasks_once(dispatchers):
     first.send(signal.SIGTERM)
     second.send(signal.SIGTERM)
     assert first.wait() == 0 and second.wait() == 0
+
+
+def test_a_task_running_past_the_stall_threshold_is_taken_for_hung_and_run_again(dispatchers):
+    result = tasks.hangs_first_time.enqueue("slow")
+    dispatchers(settings={**FAST, "STALL_THRESHOLD": 1, "SWEEP_INTERVAL": 0.2})
+    eventually(finished(result), timeout=60, what="the hung task to be stalled and run again")
+    assert (result.status, result.attempts) == (TaskResultStatus.SUCCESSFUL, 2)
+    assert result.errors[0].exception_class_path == "pgbus_workflows.exceptions.StepStalled"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 from bench import rss
 from bench.common import (
@@ -39,6 +40,7 @@ from bench.common import (
     wait_until,
 )
 from bench.intervals import described, no_slower
+from bench.limits import paired
 
 
 def wall_seconds(class_name: str, runs: int, seconds: float) -> float:
@@ -87,17 +89,13 @@ def memory(runs: int) -> tuple[float, float]:
 
 
 def trickles(runs: int, repeat: int) -> tuple[list[float], list[float]]:
-    """Steps/s of the trickle with the loop off and on, paired by repetition, in an alternating order."""
+    """Steps/s of the trickle with the loop off and on, paired by repetition (``bench.limits.paired``)."""
     from bench.trickle import trickle
 
-    off: list[float] = []
-    on: list[float] = []
-    for repetition in range(repeat):
-        for loop in (False, True) if repetition % 2 == 0 else (True, False):
-            recreate_database()
-            settings = {} if loop else {"ASYNC_CONCURRENCY": 0}
-            (on if loop else off).append(trickle(runs, 1, 4, settings).steps_per_s)
-    return off, on
+    def loop(on: bool) -> Callable[[], float]:
+        return lambda: trickle(runs, 1, 4, {} if on else {"ASYNC_CONCURRENCY": 0}).steps_per_s
+
+    return paired(repeat, loop(False), loop(True))
 
 
 def main() -> None:

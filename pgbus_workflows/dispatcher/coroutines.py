@@ -124,9 +124,6 @@ class CoroutineLoop:
         with self._lock:
             self._in_flight.pop(work_key(work), None)
 
-    async def _close_connections(self) -> None:
-        await sync_to_async(connections.close_all)()
-
     def _stop(self, cancel: bool) -> None:
         tasks = [task for task in self._in_flight.values() if task is not None]
         if cancel:
@@ -137,7 +134,7 @@ class CoroutineLoop:
         async def wind_up() -> None:
             if cancel:
                 await asyncio.gather(*tasks, return_exceptions=True)
-            await self._close_connections()
+            await sync_to_async(connections.close_all)()
             self._loop.stop()
 
         self._loop.create_task(wind_up())

@@ -38,9 +38,9 @@ from .run_page import run_page_context
 #: The run page's header, all read-only.
 RUN_FIELDS: tuple[str, ...] = ("workflow_id", "workflow_class", "subject", "coloured_status", "current_step")
 RUN_FIELDS += ("paused_reason", "arguments_json", "idempotency_key", "debounce_key", "allow_multiple", "rerun_of_link")
-RUN_FIELDS += ("schedule_link", "scheduled_for")
+RUN_FIELDS += ("schedule_link", "scheduled_for", "started_by")
 RUN_READONLY: tuple[str, ...] = ("short_id", "subject", "coloured_status", "attempt", "age", "arguments_json")
-RUN_READONLY += ("rerun_of_link", "schedule_link")
+RUN_READONLY += ("rerun_of_link", "schedule_link", "started_by")
 
 
 @admin.register(WorkflowRun)
@@ -149,6 +149,15 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
             return "-"
         url = change_url(self.admin_site.name, "workflowschedule", run.schedule_id)
         return format_html('<a href="{}">{}</a>', url, run.schedule)
+
+    @admin.display(description=_("started by"))
+    def started_by(self, run: WorkflowRun) -> Any:
+        """The actor of the run's ``started`` event, and the reason it gave (``Cls.started_by()``)."""
+        audit = run.start_audit()
+        if audit is None:
+            return "-"
+        actor, reason = audit
+        return format_html('{}<div class="pgbus-muted">{}</div>', actor, reason) if reason else actor
 
     @admin.display(description=_("rerun of"))
     def rerun_of_link(self, run: WorkflowRun) -> Any:

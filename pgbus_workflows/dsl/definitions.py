@@ -138,7 +138,8 @@ class StepDefinition:
     queue: str | None = None
     priority: int | None = None
     wait_for: tuple[str, ...] = ()
-    wait_timeout: timedelta | None = None
+    #: A duration, or (a deadline per run) a callable of the workflow or the name of one of its methods.
+    wait_timeout: timedelta | Callable[..., Any] | str | None = None
     on_timeout: str = "pause"
     #: Fan-out only: attempts per job, the wait between them, and what a failed job does.
     max_attempts: int = 1
@@ -169,6 +170,16 @@ class StepDefinition:
         if instance is None or self.func is None:
             return self
         return self.func.__get__(instance, owner)
+
+
+def _check_wait_timeout(value: Any) -> timedelta | Callable[..., Any] | str | None:
+    if value is None or callable(value):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, str):
+        if not value:
+            raise ConfigurationError("wait_timeout must be a duration, a callable or a method name, got ''")
+        return value
+    return coerce_duration(value, "wait_timeout")
 
 
 def _check_skip_if(value: Any) -> Any:
@@ -267,7 +278,7 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
         queue=queue,
         priority=priority,
         wait_for=names,
-        wait_timeout=None if wait_timeout is None else coerce_duration(wait_timeout, "wait_timeout"),
+        wait_timeout=_check_wait_timeout(wait_timeout),
         on_timeout=on_timeout,
         renamed_from=_check_renamed_from(options.get("renamed_from")),
         concurrency=options.get("concurrency"),

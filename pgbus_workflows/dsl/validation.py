@@ -92,7 +92,7 @@ def _validate_names(cls: type) -> None:
 
 
 def _validate_conditions(cls: type) -> None:
-    """Condition method names exist and are plain methods; no condition is an ``async def``."""
+    """Condition and deadline method names exist and are plain methods; none is an ``async def``."""
     steps: tuple[StepDefinition, ...] = cls._step_definitions  # type: ignore[attr-defined]
     for definition in steps:
         condition = definition.skip_if
@@ -105,5 +105,15 @@ def _validate_conditions(cls: type) -> None:
             condition = method
         if callable(condition) and inspect.iscoroutinefunction(condition):
             raise ConfigurationError(f"{cls.__qualname__}.{definition.name}: skip_if must not be an async def")
+        deadline = definition.wait_timeout
+        if isinstance(deadline, str):
+            deadline = getattr(cls, deadline, None)
+            if not callable(deadline):
+                raise ConfigurationError(
+                    f"{cls.__qualname__}.{definition.name}: wait_timeout={definition.wait_timeout!r} "
+                    "names no method of the class"
+                )
+        if callable(deadline) and inspect.iscoroutinefunction(deadline):
+            raise ConfigurationError(f"{cls.__qualname__}.{definition.name}: wait_timeout must not be an async def")
     if inspect.iscoroutinefunction(cls.__dict__.get("cancel_if")):
         raise ConfigurationError(f"{cls.__qualname__}.cancel_if must not be an async def")

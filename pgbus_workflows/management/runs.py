@@ -145,6 +145,7 @@ def run_details(run: WorkflowRun) -> dict[str, Any]:
         "allow_multiple": run.allow_multiple,
         "paused_reason": run.paused_reason,
         "rerun_of": str(run.rerun_of) if run.rerun_of else None,
+        **dict(zip(("started_by", "start_reason"), run.start_audit() or (None, None), strict=True)),
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "parent": str(run.parent.workflow_id) if run.parent_id is not None and run.parent is not None else None,

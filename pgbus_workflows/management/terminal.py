@@ -113,6 +113,8 @@ RUN_FIELDS = [
     ("arguments", "arguments"),
     ("idempotency_key", "idempotency key"),
     ("debounce_key", "debounce key"),
+    ("started_by", "started by"),
+    ("start_reason", "start reason"),
     ("rerun_of", "rerun of"),
     ("parent", "parent run"),
     ("children", "children"),

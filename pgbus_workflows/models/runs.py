@@ -178,6 +178,10 @@ class WorkflowRun(models.Model):
         """True while the run is neither finished nor cancelled."""
         return self.status in ONGOING_RUN
 
+    def start_audit(self) -> tuple[str, str] | None:
+        """``(actor, reason)`` of the run's ``started`` event: who started it and why (None: no event kept)."""
+        return self.events.filter(kind="started").order_by("pk").values_list("actor", "reason").first()
+
 
 class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
     """Domain queries over step attempts."""

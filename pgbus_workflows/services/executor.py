@@ -103,9 +103,11 @@ def _attempt(
         return execute_atomic(workflow, step, chain)
     context = StepContext(step=step)
     if outcome is None and definition is not None and definition.wait_for:
-        gate = with_reconnect(lambda: _gate(step, definition.wait_for, definition.wait_timeout))
+        gate = with_reconnect(lambda: _gate(workflow, step, definition.wait_for, definition.wait_timeout))
         if gate is None:
             return None  # parked until a signal, or no longer in progress
+        if isinstance(gate, StepOutcome):
+            return step, gate  # its wait_timeout could not be computed
         context = gate
     if outcome is None:
         return step, start_body(workflow, context)
@@ -165,8 +167,14 @@ def _skip_if(workflow: RunHandle, condition: Any) -> bool:
     return bool(condition(workflow))
 
 
-def _gate(step: WorkflowStep, names: tuple[str, ...], timeout: Any) -> StepContext | None:
-    """A ``wait_for`` step runs with the signal that woke it, a pending one, or timed out; else it parks."""
+def _gate(
+    workflow: RunHandle, step: WorkflowStep, names: tuple[str, ...], timeout: Any
+) -> StepContext | StepOutcome | None:
+    """A ``wait_for`` step runs with the signal that woke it, a pending one, or timed out; else it parks.
+
+    The deadline is computed as it parks (``waiting.wait_deadline``); one that cannot be is the
+    step's error, as a failing ``skip_if`` is.
+    """
     with locked_step(step.run_id, step.pk) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
             return None
@@ -179,5 +187,9 @@ def _gate(step: WorkflowStep, names: tuple[str, ...], timeout: Any) -> StepConte
             waiting.consume(ledger, signal, locked)
             locked.save(update_fields=["signal"])
             return StepContext(step=locked, received_signal=signal)
-        waiting.park(ledger, locked, names, timeout)
+        try:
+            timeout_at = waiting.wait_deadline(workflow, locked, timeout, ledger.now)
+        except BaseException as error:
+            return StepOutcome.from_error(error, precondition=True, body_ran=False)
+        waiting.park(ledger, locked, names, timeout_at)
         return None

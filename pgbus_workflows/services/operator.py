@@ -107,7 +107,8 @@ def rerun(pk: int, *, actor: str | None = None, reason: str | None = None) -> Wo
         subject = load_subject(old.subject_type, old.subject_id)
         if old.subject_type and subject is None:
             raise InvalidTransition(f"Cannot rerun: its subject {old.subject_type} {old.subject_id} no longer exists")
-        handle = start_run(ledger.cls, subject, arguments=old.arguments, actor=actor or DEFAULT_ACTOR, rerun_of=old)
+        who = actor or DEFAULT_ACTOR
+        handle = start_run(ledger.cls, subject, arguments=old.arguments, actor=who, reason=reason, rerun_of=old)
         ledger.event(
             "rerun", actor=actor or DEFAULT_ACTOR, reason=reason, details={"new_workflow_id": str(handle.workflow_id)}
         )

@@ -39,6 +39,8 @@ H = TypeVar("H", bound="RunHandle")
 
 #: ``(schedule pk, the tick's time)`` of a run a schedule starts.
 Tick = tuple[int, datetime]
+#: ``(actor, reason)`` of a start, recorded on its ``started`` event.
+Audit = tuple[str | None, str | None]
 
 
 def start_run(
@@ -51,6 +53,7 @@ def start_run(
     rerun_of: WorkflowRun | None = None,
     tick: Tick | None = None,
     delay: timedelta | None = None,
+    reason: str | None = None,
 ) -> H:
     """Create a run of ``cls`` and schedule its first step; returns the handle.
 
@@ -59,15 +62,17 @@ def start_run(
     time it fired for (``services.firing``), stored on the run and in its ``started`` event.
     ``delay``: the first step is due that long after now, not after its own ``wait`` (a
     task's ``run_after``). A class with ``debounce`` may return an earlier run of the key
-    instead (``services.debounce``).
+    instead (``services.debounce``). ``actor`` and ``reason`` go on the ``started`` event.
     """
     subject_type, subject_id, payload = _checked(cls, subject, idempotency_key, arguments)
     debounced = debounced_key(cls, subject, subject_type, subject_id, payload, tick is not None or rerun_of is not None)
     _warn_if_unknown_to_dispatchers(cls)
     try:
         if debounced is not None:
-            return _start_debounced(cls, *debounced, (idempotency_key, subject_type, subject_id, payload), actor)
-        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, rerun_of, tick, delay=delay)
+            given = (idempotency_key, subject_type, subject_id, payload)
+            return _start_debounced(cls, *debounced, given, (actor, reason))
+        audit = (actor, reason)
+        return _insert(cls, subject_type, subject_id, idempotency_key, payload, audit, rerun_of, tick, delay=delay)
     except (ProgrammingError, OperationalError) as error:
         not_migrated = explain(error)
         if not_migrated is not None:
@@ -75,7 +80,7 @@ def start_run(
         raise
 
 
-def _start_debounced(cls: type[H], declared: Debounce, key: str, checked: Checked, actor: str | None) -> H:
+def _start_debounced(cls: type[H], declared: Debounce, key: str, checked: Checked, audit: Audit) -> H:
     """Collapse into the key's run that has not begun, or start one; the idempotency key is asked first.
 
     A key used before, by the run's first start or by a start that collapsed into it, gives
@@ -92,7 +97,7 @@ def _start_debounced(cls: type[H], declared: Debounce, key: str, checked: Checke
         collapsed = collapse(cls, declared, key, (subject_type, subject_id, payload), idempotency_key)
         if collapsed is not None:
             return collapsed
-        return _insert(cls, subject_type, subject_id, idempotency_key, payload, actor, None, debounce=(key, declared))
+        return _insert(cls, subject_type, subject_id, idempotency_key, payload, audit, None, debounce=(key, declared))
 
 
 def _checked(
@@ -154,7 +159,7 @@ def _insert(
     subject_id: str | None,
     idempotency_key: str | None,
     payload: dict[str, Any],
-    actor: str | None,
+    audit: Audit,
     rerun_of: WorkflowRun | None,
     tick: Tick | None = None,
     lineage: dict[str, Any] | None = None,
@@ -173,7 +178,9 @@ def _insert(
         details["schedule_id"], details["scheduled_for"] = tick[0], tick[1].isoformat()
     if record.parent is not None:
         details["parent"] = str(record.parent.workflow_id)
-    started: dict[str, Any] = {"actor": actor, "details": details, "transition": ("", "", RunStatus.READY)}
+    actor, reason = audit
+    started: dict[str, Any] = {"actor": actor, "reason": reason, "details": details}
+    started["transition"] = ("", "", RunStatus.READY)
     if first is not None and sql.postgresql() and debounce is None:
         # The common case in one statement: no transaction of its own, no savepoint, no
         # lookup of the key first (a refused insert writes nothing and raises nothing).
@@ -228,7 +235,7 @@ def _warn_if_unknown_to_dispatchers(cls: type[RunHandle]) -> None:
 ITEM_KEYS = frozenset({"subject", "idempotency_key", "arguments"})
 
 
-def start_runs(cls: type[H], items: Iterable[Model | Mapping[str, Any] | None]) -> list[H]:
+def start_runs(cls: type[H], items: Iterable[Model | Mapping[str, Any] | None], audit: Audit = (None, None)) -> list[H]:
     """Start one run of ``cls`` per item in one transaction: one ``INSERT`` per table for all of them.
 
     An item is a subject (a saved model instance, or None) or a mapping with any of
@@ -237,6 +244,7 @@ def start_runs(cls: type[H], items: Iterable[Model | Mapping[str, Any] | None]) 
     the first run's handle (``duplicate_start``), for another start :class:`IdempotencyConflict`;
     a subject with an ongoing run (or two items for one subject) raises :class:`AlreadyRunning`,
     and then nothing of the call is written. Returns the handles in the items' order.
+    ``audit``: the ``(actor, reason)`` of every ``started`` event.
     """
     if cls.debounce is not None:
         raise ConfigurationError(
@@ -253,8 +261,8 @@ def start_runs(cls: type[H], items: Iterable[Model | Mapping[str, Any] | None]) 
     try:
         with transaction.atomic():
             if first is None:  # nothing to schedule: each run finishes at once, as start() does it
-                return [_insert(cls, st, si, key, payload, None, None) for key, st, si, payload in checked]
-            return _insert_many(cls, first, checked)
+                return [_insert(cls, st, si, key, payload, audit, None) for key, st, si, payload in checked]
+            return _insert_many(cls, first, checked, audit=audit)
     except (ProgrammingError, OperationalError) as error:
         not_migrated = explain(error)
         if not_migrated is not None:
@@ -291,10 +299,10 @@ def start_children(cls: type[H], checked: list[Checked], lineages: list[dict[str
     first = cls.next_step_after(None)
     if first is None:  # nothing to schedule: each child finishes at once, as start() does it
         return [
-            _insert(cls, st, si, key, payload, actor, None, lineage=lineage)
+            _insert(cls, st, si, key, payload, (actor, None), None, lineage=lineage)
             for (key, st, si, payload), lineage in zip(checked, lineages, strict=True)
         ]
-    return _insert_many(cls, first, checked, lineages, actor)
+    return _insert_many(cls, first, checked, lineages, (actor, None))
 
 
 def check_start(
@@ -309,7 +317,7 @@ def _insert_many(
     first: StepDefinition,
     checked: list[Checked],
     lineages: list[dict[str, Any]] | None = None,
-    actor: str | None = None,
+    audit: Audit = (None, None),
 ) -> list[H]:
     now = clock.now()
     lineage_of = lineages or [{}] * len(checked)
@@ -337,7 +345,7 @@ def _insert_many(
     # Every first attempt is alike, and every event but for its run: made once, copied.
     ledger = RunLedger(new[0], now)
     attempt = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1))
-    started = ledger.new_event("started", actor=actor, transition=("", "", RunStatus.READY))
+    started = ledger.new_event("started", actor=audit[0], reason=audit[1], transition=("", "", RunStatus.READY))
     writes = bulk.WriteBatch()
     writes.inserts = [rows.clone(attempt, run_id=r.pk, limiters=bind_copy(cls, first, r, attempt)) for r in new]
     writes.rows = [rows.clone(started, run_id=record.pk, details=_started_details(record)) for record in new]

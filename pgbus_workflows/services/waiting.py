@@ -12,11 +12,15 @@ runs until ``resume()``.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+from django.utils import timezone
+
 from .. import signals
-from ..exceptions import WaitTimedOut
+from ..dsl.definitions import coerce_duration
+from ..exceptions import ConfigurationError, WaitTimedOut
 from ..models import SignalStatus, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..sql import clock
 from ..states import RunStatus, StepStatus, signal_event
@@ -50,9 +54,39 @@ def consume(ledger: RunLedger, signal: WorkflowSignal, step: WorkflowStep) -> No
     ledger.event("signal_consumed", step=step, details={"signal": signal.name, "signal_id": signal.pk})
 
 
-def park(ledger: RunLedger, step: WorkflowStep, names: tuple[str, ...], timeout: Any) -> None:
-    """No signal yet: the attempt waits (``timeout_at`` from ``wait_timeout``), the run too."""
-    timeout_at = ledger.now + timeout if timeout is not None else None
+def wait_deadline(workflow: Any, step: WorkflowStep, spec: Any, now: datetime) -> datetime | None:
+    """When a ``wait_for`` step parked now stops waiting: ``now`` plus ``wait_timeout``, or what it computes.
+
+    A callable is called with the workflow, a method name on it; either may return a duration
+    (a timedelta or seconds, from now), an aware datetime (the deadline itself) or None (no
+    deadline for this run). Any other value raises ``TypeError`` naming the step and the value.
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, timedelta):
+        return now + spec
+    value = getattr(workflow, spec)() if isinstance(spec, str) else spec(workflow)
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if timezone.is_naive(value):
+            raise TypeError(f"{_named(workflow, step)} returned a naive datetime {value!r}: give it a time zone")
+        return value
+    try:
+        return now + coerce_duration(value, "wait_timeout")
+    except ConfigurationError:
+        raise TypeError(
+            f"{_named(workflow, step)} returned {value!r}: a timedelta, a number of seconds (not negative), "
+            "an aware datetime or None"
+        ) from None
+
+
+def _named(workflow: Any, step: WorkflowStep) -> str:
+    return f"{type(workflow).__qualname__}.{step.step_name}: wait_timeout"
+
+
+def park(ledger: RunLedger, step: WorkflowStep, names: tuple[str, ...], timeout_at: datetime | None) -> None:
+    """No signal yet: the attempt waits until ``timeout_at`` (:func:`wait_deadline`; None: for ever), the run too."""
     ledger.move_step(step, "park", wait_for=list(names), waiting_since=ledger.now, timeout_at=timeout_at, stall_at=None)
     details = {"wait_for": list(names), "timeout_at": timeout_at.isoformat() if timeout_at else None}
     ledger.transition("park", RunStatus.WAITING, kind="step_waiting", step=step, details=details)

@@ -18,6 +18,7 @@ from ..dsl.schedules import Schedule
 from ..services.handle import RunHandle, handle_class
 from .asynchronous import AsyncCalls
 from .family import RunFamily
+from .starter import Starter
 from .verbs import RunVerbs
 
 if TYPE_CHECKING:
@@ -63,6 +64,18 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         from ..services.start import start_run  # deferred: this module loads before the app registry
 
         return start_run(cls, subject, idempotency_key=idempotency_key, arguments=arguments)
+
+    @classmethod
+    def started_by(cls, actor: str, reason: str | None = None) -> Starter:
+        """Who starts runs and why: ``Cls.started_by("support:ann", reason="ticket 4411").start(user)``.
+
+        The returned :class:`~pgbus_workflows.workflow.starter.Starter` has :meth:`start`,
+        :meth:`astart` and :meth:`start_many`, which record ``actor`` and ``reason`` on each run's
+        ``started`` event (shown by the admin, ``manage.py workflows show`` and the MCP tools);
+        ``start()`` alone records the actor ``system``. Every keyword of ``start()`` stays the
+        run's argument. A blank or too long actor, or a reason over 2,000 characters, raises ``ValueError``.
+        """
+        return Starter(cls, actor, reason)
 
     @classmethod
     def start_many(cls, items: Iterable[Model | Mapping[str, Any] | None]) -> list[Any]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Count
 from django.http import HttpRequest
+from django.urls import reverse
 
 from ..conf import settings
 from ..models import Dispatcher, WorkflowRun, WorkflowStep
@@ -31,8 +32,8 @@ CHART_BAR_HEIGHT = 20
 CHART_ROW_HEIGHT = 28
 
 
-def bar_chart(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """Horizontal stacked bars, one per class with runs, laid out here so the template only draws them."""
+def bar_chart(rows: list[dict[str, Any]], key: str, label: str = "workflow_class") -> dict[str, Any]:
+    """Horizontal stacked bars, one per row (a class, or a step) with a total, laid out for the template to draw."""
     rows = [row for row in rows if row["total"]]
     largest = max((row["total"] for row in rows), default=0) or 1
     bars = []
@@ -43,7 +44,7 @@ def bar_chart(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
             if width:
                 segments.append({**cell, "x": round(x, 1), "width": round(width, 1)})
             x += width
-        bars.append({"label": row["workflow_class"], "y": index * CHART_ROW_HEIGHT, "segments": segments, **row})
+        bars.append({"label": row[label], "y": index * CHART_ROW_HEIGHT, "segments": segments, **row})
         bars[-1]["end"] = round(x + 6, 1)
     return {
         "bars": bars,
@@ -80,6 +81,7 @@ def dashboard_context(site: AdminSite, request: HttpRequest, now: datetime) -> d
     for entry in rows:
         entry["stuck_total"] = sum(cell["count"] for cell in entry["stuck"])
         entry["url"] = runs(workflow_class=entry["workflow_class"])
+        entry["insights_url"] = reverse(f"{site.name}:pgbus_workflows_insights", args=[entry["workflow_class"]])
     totals = [
         {
             "key": s,

@@ -86,14 +86,19 @@ class StuckFilter(admin.SimpleListFilter):
 
 
 class FinishedWithinFilter(admin.SimpleListFilter):
-    """Attempts that finished recently (the dashboard's "last hour" counts link here)."""
+    """Attempts that finished recently (the dashboard's "last hour" and the insights' window link here)."""
 
     title = _("finished within")
     parameter_name = "finished_within"
-    periods = {"1h": 1, "24h": 24}
+    periods = {"1h": 1, "6h": 6, "24h": 24, "7d": 24 * 7}  # the insights page's windows
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("1h", _("the last hour")), ("24h", _("the last 24 hours"))]
+        return [
+            ("1h", _("the last hour")),
+            ("6h", _("the last 6 hours")),
+            ("24h", _("the last 24 hours")),
+            ("7d", _("the last 7 days")),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         hours = self.periods.get(self.value() or "")

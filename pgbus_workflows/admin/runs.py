@@ -30,6 +30,7 @@ from ..sql.counting import distinct_values
 from .dashboard import dashboard_context
 from .display import change_url, pretty_json, status_badge, subject_link
 from .filters import RunStatusFilter, StuckFilter, WorkflowClassFilter
+from .insights import insights_context
 from .operations import OPERATIONS, OperatedAdmin, bulk_operation, operation_view
 from .paging import workflow_id_range
 from .records import ReadOnlyAdmin
@@ -86,8 +87,10 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         return found | Q(workflow_id__range=id_range) if id_range else found
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        # A schedule's page links to its runs (no sidebar filter: there may be thousands of schedules).
-        return lookup == "schedule__id__exact" or super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
+        # A schedule's page links to its runs (no sidebar filter: there may be thousands of schedules),
+        # the insights page to the runs at one step (with a class and a status: pgbus_wf_run_pipeline).
+        allowed = lookup in ("schedule__id__exact", "current_step")
+        return allowed or super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
         # One subquery, not one query per row: the changelist's cost does not grow with the page.
@@ -202,6 +205,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         urls = [path("dashboard/", wrap(self.dashboard_view), name=f"{prefix}_dashboard")]
+        urls += [path("insights/<path:workflow_class>/", wrap(self.insights_view), name="pgbus_workflows_insights")]
         urls += [
             path(f"<path:object_id>/{verb}/", wrap(partial(self.operation_view, verb=verb)), name=f"{prefix}_{verb}")
             for verb in OPERATIONS
@@ -215,8 +219,11 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
             verb = action.removesuffix("_runs")
             if action.endswith("_runs") and verb in OPERATIONS and not self.may_operate(request, OPERATIONS[verb]):
                 raise PermissionDenied
-        dashboard = reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_dashboard")
-        return super().changelist_view(request, {"dashboard_url": dashboard, **(extra_context or {})})
+        site = self.admin_site.name
+        links = {"dashboard_url": reverse(f"{site}:{self.opts.app_label}_{self.opts.model_name}_dashboard")}
+        if request.GET.get("workflow_class"):
+            links["insights_url"] = reverse(f"{site}:pgbus_workflows_insights", args=[request.GET["workflow_class"]])
+        return super().changelist_view(request, {**links, **(extra_context or {})})
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -243,3 +250,18 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/pgbus_workflows/dashboard.html", context)
+
+    def insights_view(self, request: HttpRequest, workflow_class: str) -> HttpResponse:
+        """One class's pipeline, step performance and funnel over a window (``?window=1h|6h|24h|7d``)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "media": self.media,
+            "title": _("Insights: %(workflow_class)s") % {"workflow_class": workflow_class},
+            "opts": self.opts,
+            "dashboard_url": reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_dashboard"),
+            **insights_context(self.admin_site, request, workflow_class, clock.now()),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/pgbus_workflows/insights.html", context)

@@ -160,6 +160,17 @@ class WorkflowRun(models.Model):
                 condition=Q(debounce_key__isnull=False) & Q(status=RunStatus.READY),
                 name="pgbus_wf_run_debounce",
             ),
+            # The insights page: ongoing runs by step (the pipeline), and the runs a window started
+            # (the funnel), each read from the index alone.
+            models.Index(
+                fields=["workflow_class", "current_step", "status"],
+                condition=Q(status__in=sorted(ONGOING_RUN)),
+                name="pgbus_wf_run_pipeline",
+            ),
+            models.Index(
+                fields=["workflow_class", "started_at", "current_step", "status", "id"],  # no INCLUDE: SQLite has none
+                name="pgbus_wf_run_class_started",
+            ),
         ]
         permissions = [
             ("pause_workflowrun", _("Can pause and resume workflow runs")),

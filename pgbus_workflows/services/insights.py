@@ -1,0 +1,196 @@
+"""Insights on one workflow class: its pipeline, its steps' performance and its funnel.
+
+- **Pipeline**: the class's ongoing runs at each step, by status (``pgbus_wf_run_pipeline``, a
+  partial index of ongoing runs: finished history costs it nothing).
+- **Performance**: the attempts that finished in the window, by step: how many, how many
+  completed, failed, were skipped or cancelled, how many were reattempts, and the p50/p95 of
+  their duration (claim to end). Read through ``pgbus_wf_step_finished``, bounded by the window.
+- **Funnel**: of the runs the window started (``pgbus_wf_run_class_started``), how many reached
+  each step (an attempt of it exists, ``pgbus_wf_step_run_name``), and where the others are or
+  stopped, in which status. Retention deletes finished runs whole, so a window longer than
+  ``RETENTION`` counts only the runs kept.
+
+The admin's insights page and the MCP tool ``insights`` read :func:`class_insights`; it writes nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Aggregate, Count, DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery
+
+from .. import sql
+from ..dsl.declared import registry
+from ..models import WorkflowRun, WorkflowStep
+from ..sql import clock
+from ..states import ONGOING_RUN, RunStatus, StepStatus
+
+#: The windows an operator may pick, by the label the page and the MCP tool take.
+WINDOWS: dict[str, timedelta] = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
+DEFAULT_WINDOW = "24h"
+#: The ongoing statuses in the order the pipeline shows them.
+PIPELINE_STATUSES = [RunStatus.READY, RunStatus.PERFORMING, RunStatus.WAITING, RunStatus.PAUSED]
+#: How the attempts of a step ended, in the order the performance table shows them.
+ENDINGS = [StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED]
+
+
+class Percentile(Aggregate):
+    """PostgreSQL's ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+
+    def __init__(self, expression: Any, fraction: float) -> None:
+        super().__init__(expression, output_field=DurationField(), fraction=float(fraction))
+
+
+def class_insights(workflow_class: str, window: timedelta, now: datetime | None = None) -> dict[str, Any]:
+    """The pipeline, step performance and funnel of ``workflow_class`` over ``window`` before ``now``.
+
+    JSON-ready (durations in seconds, times in ISO 8601). Raises ``LookupError`` when no class is
+    registered under that name and no run of it is stored.
+    """
+    now = now or clock.now()
+    since = now - window
+    runs = WorkflowRun.objects.filter(workflow_class=workflow_class)
+    declared = registry.get(workflow_class)
+    # ordered as the class's start index is, so the probe walks it (not the table) to the first row
+    if declared is None and runs.order_by("started_at").values_list("pk", flat=True).first() is None:
+        raise LookupError(f"No workflow class {workflow_class!r}: none is registered under that name, no run is stored")
+    pipeline = _pipeline(runs)
+    performance = _performance(workflow_class, since, now)
+    funnel = _funnel(runs.filter(started_at__gt=since, started_at__lte=now))
+    names = [d.name for d in declared.step_definitions()] if declared is not None else []
+    seen = {row["step"] for row in pipeline} | {row["step"] for row in performance} | set(funnel["reached"])
+    steps = names + sorted(seen - set(names) - {""})
+    return {
+        "workflow_class": workflow_class,
+        "registered": declared is not None,
+        "since": since.isoformat(),
+        "now": now.isoformat(),
+        "window_seconds": window.total_seconds(),
+        "steps": steps,
+        "pipeline": _in_order(pipeline, steps),
+        "performance": _in_order(performance, steps),
+        "funnel": _funnel_steps(funnel, steps),
+    }
+
+
+def _in_order(rows: list[dict[str, Any]], steps: list[str]) -> list[dict[str, Any]]:
+    position = {name: index for index, name in enumerate(steps)}
+    return sorted(rows, key=lambda row: position.get(row["step"], len(steps)))
+
+
+def _pipeline(runs: QuerySet[WorkflowRun]) -> list[dict[str, Any]]:
+    """Ongoing runs by (current step, status): ``COUNT(*)`` so the partial index answers alone."""
+    counts = (
+        runs.filter(status__in=sorted(ONGOING_RUN))
+        .values_list("current_step", "status")
+        .annotate(n=Count("*"))
+        .order_by()
+    )
+    by_step: dict[str, dict[str, int]] = {}
+    for step_name, status, n in counts:
+        by_step.setdefault(step_name, {str(s): 0 for s in PIPELINE_STATUSES})[status] = n
+    return [{"step": name, "counts": cells, "total": sum(cells.values())} for name, cells in by_step.items()]
+
+
+def _performance(workflow_class: str, since: datetime, now: datetime) -> list[dict[str, Any]]:
+    """The attempts of the class that finished in ``(since, now]``, by step."""
+    # The run's class as a subquery per attempt, not a join: the planner cannot hash the runs table
+    # for it, so the cost is the window's attempts (each a key lookup) whatever the history.
+    class_of_run = WorkflowRun.objects.filter(pk=OuterRef("run_id")).values("workflow_class")[:1]
+    attempts = (
+        WorkflowStep.objects.filter(finished_at__gt=since, finished_at__lte=now)
+        .alias(run_class=Subquery(class_of_run))
+        .filter(run_class=workflow_class)
+        .order_by()
+    )
+    endings = {str(status): Count("pk", filter=Q(status=status)) for status in ENDINGS}
+    rows = attempts.values("step_name").annotate(attempts=Count("*"), reattempts=Count("pk", filter=Q(attempt__gt=1)))
+    found: list[dict[str, Any]]
+    if sql.postgresql():
+        duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+        percentiles = {"p50": Percentile(duration, 0.5), "p95": Percentile(duration, 0.95)}
+        found = [dict(row) for row in rows.annotate(**percentiles, **endings)]
+    else:  # SQLite has no percentile_cont: the window's durations, sorted here
+        found = [dict(row) for row in rows.annotate(**endings)]
+        durations = _durations(attempts)
+        for row in found:
+            row["p50"], row["p95"] = _percentiles(durations.get(row["step_name"], []))
+    return [_performance_row(row) for row in found]
+
+
+def _durations(attempts: QuerySet[WorkflowStep]) -> dict[str, list[float]]:
+    by_step: dict[str, list[float]] = {}
+    started = attempts.filter(started_at__isnull=False)
+    for name, started_at, finished_at in started.values_list("step_name", "started_at", "finished_at"):
+        if started_at is not None and finished_at is not None:  # the filters say so; the types do not
+            by_step.setdefault(name, []).append((finished_at - started_at).total_seconds())
+    return by_step
+
+
+def _percentiles(values: list[float]) -> tuple[timedelta | None, timedelta | None]:
+    """p50 and p95 interpolated as ``percentile_cont`` does them."""
+    if not values:
+        return None, None
+    if len(values) == 1:
+        return timedelta(seconds=values[0]), timedelta(seconds=values[0])
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return timedelta(seconds=cuts[49]), timedelta(seconds=cuts[94])
+
+
+def _performance_row(row: dict[str, Any]) -> dict[str, Any]:
+    attempts = row["attempts"]
+    return {
+        "step": row["step_name"],
+        "attempts": attempts,
+        **{str(status): row[str(status)] for status in ENDINGS},
+        "reattempts": row["reattempts"],
+        "failure_rate": row[str(StepStatus.FAILED)] / attempts,
+        "reattempt_rate": row["reattempts"] / attempts,
+        "p50_seconds": None if row["p50"] is None else row["p50"].total_seconds(),
+        "p95_seconds": None if row["p95"] is None else row["p95"].total_seconds(),
+    }
+
+
+def _funnel(started: QuerySet[WorkflowRun]) -> dict[str, Any]:
+    """How many runs the window started, where each is now, and which steps each reached."""
+    where = started.values_list("current_step", "status").annotate(n=Count("*")).order_by()
+    at: dict[str, dict[str, int]] = {}
+    for step_name, status, n in where:
+        at.setdefault(step_name, {})[status] = n
+    reached = (  # the run keys from the window's index (their last column), each run's steps from theirs
+        WorkflowStep.objects.filter(run_id__in=started.values("pk"))
+        .values_list("step_name")
+        .annotate(n=Count("run_id", distinct=True))
+        .order_by()
+    )
+    return {"at": at, "reached": dict(reached)}
+
+
+def _funnel_steps(funnel: dict[str, Any], steps: list[str]) -> dict[str, Any]:
+    """The funnel in step order: reached (and its share of the started), and the runs at each step now."""
+    at: dict[str, dict[str, int]] = funnel["at"]
+    started = sum(sum(cells.values()) for cells in at.values())
+    finished = sum(cells.get(RunStatus.FINISHED, 0) for cells in at.values())
+    rows = []
+    for name in steps:
+        here = {status: n for status, n in at.get(name, {}).items() if status != RunStatus.FINISHED}
+        reached = funnel["reached"].get(name, 0)
+        rows.append(
+            {
+                "step": name,
+                "reached": reached,
+                "reached_rate": reached / started if started else None,
+                "here": here,
+            }
+        )
+    return {"started": started, "finished": finished, "steps": rows}

@@ -129,6 +129,9 @@ def pages(interest: dict[str, Any]) -> list[tuple[str, str]]:
     def cl(model: str, query: str = "") -> str:
         return reverse(f"admin:pgbus_workflows_{model}_changelist") + query
 
+    def insights(workflow_class: str, query: str) -> str:
+        return reverse("admin:pgbus_workflows_insights", args=[workflow_class]) + query
+
     paused = interest["paused"]
     prefix = str(paused.workflow_id)[:8]
     return [
@@ -152,6 +155,9 @@ def pages(interest: dict[str, Any]) -> list[tuple[str, str]]:
         ("dispatchers", cl("dispatcher")),
         ("schedules", cl("workflowschedule")),
         ("dashboard", reverse("admin:pgbus_workflows_workflowrun_dashboard")),
+        ("insights, a class of history, 24h", insights("history_1", "?window=24h")),
+        ("insights, a class of history, 7d", insights("history_1", "?window=7d")),
+        ("insights, a class with ongoing runs", insights(paused.workflow_class, "")),
     ]
 
 

@@ -1,0 +1,59 @@
+"""The docs site's promises: its diagrams show what ``states.py`` allows, its Python compiles.
+
+``bash scripts/docs`` (run by CI) builds the site with warnings as errors; these tests check
+what a build that succeeds could still get wrong.
+"""
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from pgbus_workflows import states
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+DOCS = REPOSITORY / "docs"
+sys.path.insert(0, str(DOCS / "_ext"))
+
+from pgbus_docs import command_help, state_machine_dot  # noqa: E402  (the docs' own extension)
+
+PAGES = sorted(DOCS.rglob("*.md"))
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def edges(dot: str) -> set[tuple[str, str, str]]:
+    found = set()
+    for source, target, label in re.findall(r'"(\w+)" -> "(\w+)" \[label="([\w, ]+)"\]', dot):
+        found |= {(source, target, name) for name in label.split(", ")}
+    return found
+
+
+def test_the_run_diagram_has_an_edge_for_every_move_the_table_allows_and_no_other():
+    allowed = {(s, t, name) for name, pairs in states.RUN_TRANSITIONS.items() for s, t in pairs}
+    assert edges(state_machine_dot("run")) == allowed
+
+
+def test_the_step_diagram_has_an_edge_for_every_attempt_event():
+    allowed = {(s, target, name) for name, (sources, target) in states.STEP_EVENTS.items() for s in sources}
+    assert edges(state_machine_dot("step")) == allowed
+
+
+def test_only_the_states_with_no_way_out_are_drawn_as_terminal():
+    dot = state_machine_dot("run")
+    terminal = set(re.findall(r'"(\w+)" \[label="\w+", peripheries=2\]', dot))
+    assert terminal == {str(s) for s in states.TERMINAL_RUN}
+
+
+def test_the_cli_reference_has_every_subcommand_of_the_parser():
+    titles = [title for title, _text in command_help("workflows")]
+    for sub in ("list", "show", "pause", "resume", "cancel", "rerun", "run-now", "skip", "signal", "schedules"):
+        assert f"manage.py workflows {sub}" in titles
+    assert "manage.py workflows schedules fire-now" in titles
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+def test_every_python_block_of_a_page_compiles(page):
+    for block in PYTHON_BLOCK.findall(page.read_text()):
+        ast.parse(block, filename=str(page))

@@ -27,6 +27,8 @@ from .sql import clock
 
 _POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE", "MAX_CHILD_DEPTH")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
+#: The switches of ``manage.py workflows_mcp``: a string such as "false" would read as true.
+_MCP_SWITCHES = ("MCP_WRITE_TOOLS", "MCP_SHOW_PAYLOADS")
 #: PostgreSQL truncates identifiers (a LISTEN channel) to 63 bytes; queue names are varchar(255).
 _MAX_BYTES = {"DEFAULT_QUEUE": 255, "NOTIFY_CHANNEL": 63}
 
@@ -81,6 +83,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             _error("PREPARED_STATEMENTS", f"must be True or False, got {raw['PREPARED_STATEMENTS']!r}", "E011")
         )
+    for key in _MCP_SWITCHES:
+        if not isinstance(raw.get(key, False), bool):
+            errors.append(_error(key, f"must be True or False, got {raw[key]!r}", "E014"))
     module = raw.get("AUTODISCOVER_MODULE", "workflows")
     if module is not None and (not isinstance(module, str) or not module):
         errors.append(_error("AUTODISCOVER_MODULE", f"must be a module name or None, got {module!r}", "E008"))

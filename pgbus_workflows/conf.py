@@ -37,6 +37,10 @@ DEFAULTS: dict[str, Any] = {
     "PREPARED_STATEMENTS": True,
     "MAX_CHILD_DEPTH": 10,
     "ASYNC_CONCURRENCY": 100,
+    # manage.py workflows_mcp: whether the operator verbs are offered as tools at all, and
+    # whether tool results show payloads (arguments, outputs, error messages, signal payloads).
+    "MCP_WRITE_TOOLS": False,
+    "MCP_SHOW_PAYLOADS": False,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` or ``0`` (keep forever).
@@ -89,6 +93,8 @@ class WorkflowSettings:
     PREPARED_STATEMENTS: bool
     MAX_CHILD_DEPTH: int
     ASYNC_CONCURRENCY: int
+    MCP_WRITE_TOOLS: bool
+    MCP_SHOW_PAYLOADS: bool
 
     def __init__(self) -> None:
         #: The settings object the values were read from, and the values read so far.

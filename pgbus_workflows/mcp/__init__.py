@@ -1,0 +1,21 @@
+"""Operator tools for AI assistants: ``manage.py workflows_mcp`` serves them over MCP's stdio transport.
+
+Needs the ``mcp`` extra (``pip install "pgbus-workflows[mcp]"``): every module here imports
+the official MCP SDK.
+
+- :mod:`.server` builds the ``MCPServer``: the read tools always, the write tools only with
+  ``PGBUS_WORKFLOWS["MCP_WRITE_TOOLS"]``; every call goes through one path (who acts, the
+  database's errors as one line, the result made JSON-ready and redacted).
+- :mod:`.reading` and :mod:`.writing` are the tools' bodies: the CLI's reads
+  (``management.runs``, ``management.schedules``) and the admin's verbs
+  (``admin.operations.OPERATIONS`` through ``management.operating``), so an assistant can do
+  nothing an operator at a terminal could not.
+- :mod:`.arguments` caps and checks what the tools take; :mod:`.acting` says who acts;
+  :mod:`.responses` redacts payloads unless ``PGBUS_WORKFLOWS["MCP_SHOW_PAYLOADS"]``.
+"""
+
+from __future__ import annotations
+
+from .server import build_server, serve
+
+__all__ = ["build_server", "serve"]

@@ -27,12 +27,24 @@ from django.core.management.base import CommandError
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
-from ..admin.operations import Operation, may_view, perform
+from ..admin.operations import OPERATIONS, Operation, allowed_verbs, may_view, perform
 from ..admin.runs import WorkflowRunAdmin
 from ..exceptions import WorkflowError
-from ..models import WorkflowRun, WorkflowSignal
+from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.ledger import MAX_ACTOR_LENGTH
-from .runs import RunNotFound, find_run
+from ..services.limiting import held_back
+from ..sql import clock
+from .runs import (
+    RunNotFound,
+    active_attempt,
+    attempt_row,
+    event_row,
+    find_run,
+    latest,
+    pending_signals,
+    run_details,
+    signal_row,
+)
 
 
 def os_user() -> str:
@@ -167,3 +179,33 @@ def _operate_one(operator: Operator, op: Operation, text: str, data: dict[str, A
         message = f"rerun as {outcome.workflow_id}"
         return Result(workflow_id, verb, True, message, status=run.status, current_step=run.current_step, extra=new)
     return Result(workflow_id, verb, True, str(op.done), status=outcome.status, current_step=outcome.current_step)
+
+
+def show_page(operator: Operator, run: WorkflowRun, attempts: int, events: int, signals: int) -> dict[str, Any]:
+    """What ``workflows show`` and the MCP tool ``show_run`` print of a run: its fields, the verbs the
+    operator may take on it now, what holds it back, its latest attempts and events, its pending
+    signals (a list is None when the operator may not view its rows)."""
+    now, active = clock.now(), active_attempt(run)
+    allowed = allowed_verbs(run, active, now)
+    holds = held_back(active, now) if active is not None else []
+    page: dict[str, Any] = {
+        "run": run_details(run),
+        "allowed_verbs": [op.verb for op in OPERATIONS.values() if op.verb in allowed and operator.may(op, run)],
+        "held_back": {"step": active.step_name, "limits": holds} if active is not None and holds else None,
+        "attempts": None,
+        "older_attempts_omitted": False,
+        "events": None,
+        "older_events_omitted": False,
+        "pending_signals": None,
+        "more_signals_omitted": False,
+    }
+    if operator.may_view(WorkflowStep):
+        steps, page["older_attempts_omitted"] = latest(WorkflowStep.objects.filter(run_id=run.pk), attempts)
+        page["attempts"] = [attempt_row(step) for step in steps]
+    if operator.may_view(WorkflowEvent):
+        rows, page["older_events_omitted"] = latest(WorkflowEvent.objects.filter(run_id=run.pk), events)
+        page["events"] = [event_row(event) for event in rows]
+    if operator.may_view(WorkflowSignal):
+        pending, page["more_signals_omitted"] = pending_signals(run, signals)
+        page["pending_signals"] = [signal_row(signal) for signal in pending]
+    return page

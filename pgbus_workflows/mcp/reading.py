@@ -14,29 +14,18 @@ from typing import Annotated, Any
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from ..admin.operations import OPERATIONS, allowed_verbs
-from ..management.operating import Operator
+from ..management.operating import Operator, show_page
 from ..management.runs import (
     RunNotFound,
     Subject,
-    active_attempt,
-    attempt_row,
-    event_row,
     find_run,
-    latest,
-    pending_signals,
-    run_details,
     run_row,
-    signal_row,
     with_latest_attempt,
 )
 from ..management.runs import list_runs as matching_runs
 from ..management.schedules import ScheduleCommands, schedule_row
-from ..models import WorkflowEvent, WorkflowSignal, WorkflowStep
 from ..services.insights import DEFAULT_WINDOW, WINDOWS, class_insights
-from ..services.limiting import held_back
 from ..services.stuck import STUCK_REASONS
-from ..sql import clock
 from .acting import viewing
 from .arguments import (
     Classes,
@@ -116,30 +105,7 @@ def show_run(
         run = find_run(with_latest_attempt(operator.runs()), workflow_id)
     except RunNotFound as error:
         raise ToolError(str(error)) from None
-    now, active = clock.now(), active_attempt(run)
-    allowed = allowed_verbs(run, active, now)
-    holds = held_back(active, now) if active is not None else []
-    page: dict[str, Any] = {
-        "run": run_details(run),
-        "allowed_verbs": [op.verb for op in OPERATIONS.values() if op.verb in allowed and operator.may(op, run)],
-        "held_back": {"step": active.step_name, "limits": holds} if active is not None and holds else None,
-        "attempts": None,
-        "older_attempts_omitted": False,
-        "events": None,
-        "older_events_omitted": False,
-        "pending_signals": None,
-        "more_signals_omitted": False,
-    }
-    if operator.may_view(WorkflowStep):
-        steps, page["older_attempts_omitted"] = latest(WorkflowStep.objects.filter(run_id=run.pk), attempts)
-        page["attempts"] = [attempt_row(step) for step in steps]
-    if operator.may_view(WorkflowEvent):
-        rows, page["older_events_omitted"] = latest(WorkflowEvent.objects.filter(run_id=run.pk), events)
-        page["events"] = [event_row(event) for event in rows]
-    if operator.may_view(WorkflowSignal):
-        pending, page["more_signals_omitted"] = pending_signals(run, signals)
-        page["pending_signals"] = [signal_row(signal) for signal in pending]
-    return page
+    return show_page(operator, run, attempts, events, signals)
 
 
 def stuck_runs(

@@ -19,29 +19,19 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 
 from ... import migrated
 from ...admin.forms import MAX_REASON_LENGTH
-from ...admin.operations import OPERATIONS, allowed_verbs
+from ...admin.operations import OPERATIONS
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
-from ...models import WorkflowEvent, WorkflowSignal, WorkflowStep
-from ...services.limiting import held_back
 from ...services.payload import encode_payload
 from ...services.signals import check_signal_input
 from ...services.stuck import STUCK_REASONS
-from ...sql import clock
 from ...states import RunStatus
-from ..operating import Operator, Result, operate
+from ..operating import Operator, Result, operate, show_page
 from ..runs import (
     RunNotFound,
     Subject,
-    active_attempt,
-    attempt_row,
-    event_row,
     find_run,
-    latest,
     list_runs,
-    pending_signals,
-    run_details,
     run_row,
-    signal_row,
     with_latest_attempt,
 )
 from ..schedules import SCHEDULE_VERBS, ScheduleCommands, add_schedule_commands
@@ -214,33 +204,7 @@ class Command(BaseCommand):
             run = find_run(with_latest_attempt(operator.runs()), options["run_id"])
         except RunNotFound as error:
             raise CommandError(str(error)) from None
-        now, active = clock.now(), active_attempt(run)
-        allowed = allowed_verbs(run, active, now)
-        holds = held_back(active, now) if active is not None else []
-        page: dict[str, Any] = {
-            "run": run_details(run),
-            "allowed_verbs": [op.verb for op in OPERATIONS.values() if op.verb in allowed and operator.may(op, run)],
-            "held_back": {"step": active.step_name, "limits": holds} if active is not None and holds else None,
-            "attempts": None,
-            "older_attempts_omitted": False,
-            "events": None,
-            "older_events_omitted": False,
-            "pending_signals": None,
-            "more_signals_omitted": False,
-        }
-        if operator.may_view(WorkflowStep):
-            steps, page["older_attempts_omitted"] = latest(
-                WorkflowStep.objects.filter(run_id=run.pk), options["attempts"]
-            )
-            page["attempts"] = [attempt_row(step) for step in steps]
-        if operator.may_view(WorkflowEvent):
-            events, page["older_events_omitted"] = latest(
-                WorkflowEvent.objects.filter(run_id=run.pk), options["events"]
-            )
-            page["events"] = [event_row(event) for event in events]
-        if operator.may_view(WorkflowSignal):
-            signals, page["more_signals_omitted"] = pending_signals(run, options["signals"])
-            page["pending_signals"] = [signal_row(signal) for signal in signals]
+        page = show_page(operator, run, options["attempts"], options["events"], options["signals"])
         self.stdout.write(to_json(page) if options["json"] else "\n".join(run_page(page, options["full"])))
 
     def operate(self, verb: str, options: dict[str, Any]) -> None:

@@ -108,13 +108,15 @@ def test_every_filter_reaches_its_runs_through_an_index(history):
         (("--stuck", "paused_on_error"), list(reversed(paused)), CLASS_INDEX),
         (("--stuck", "stalled"), [], "pgbus_wf_step_in_progress"),
         (("--subject", f"testapp.order:{order.pk}"), [paused[0]], "pgbus_wf_run_subject"),
-        (("--class", "fails_first"), list(reversed(paused)), CLASS_INDEX),
+        # either index that a class leads serves a class alone (the insights' one also orders by start)
+        (("--class", "fails_first"), list(reversed(paused)), (CLASS_INDEX, "pgbus_wf_run_class_started")),
     ]
     for args, expected, index in cases:
         out, plans = queries_of("list", "--json", "--limit", "3", *args)
         assert [row["workflow_id"] for row in json.loads(out)] == [wid(wf) for wf in expected], args
         assert_indexed(plans)
-        assert index in indexes_used(plans), (args, indexes_used(plans))
+        accepted = set(index) if isinstance(index, tuple) else {index}
+        assert accepted & indexes_used(plans), (args, indexes_used(plans))
         # Status is the index's second column: a scan that does not name the class first reads all of it.
         assert all("workflow_class" in condition for condition in status_conditions(plans)), args
 

@@ -3,7 +3,7 @@
     python -m bench.instructions [--runs N]
 
 Wall and CPU times on this machine move by ±15 % between runs of the same code (its speed
-moves during the day; see the README's Performance section), which hides a change of a few
+moves during the day; see docs/benchmarks.md), which hides a change of a few
 per cent. Callgrind counts the instructions a process runs, the same count for the same code
 and the same rows, whatever else the machine does. Each measurement is a process of its own
 under callgrind, on the bench database made anew with the same rows:

@@ -1,4 +1,4 @@
-"""Every benchmark in one run, one Markdown table: the figures of the README's performance section.
+"""Every benchmark in one run, one Markdown table: the figures of the docs' benchmarks page (docs/benchmarks.md).
 
     .venv/bin/python -m bench.run_all [--quick] [--no-peers] [--rss-steps N]
 

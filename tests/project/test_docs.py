@@ -57,3 +57,15 @@ def test_the_cli_reference_has_every_subcommand_of_the_parser():
 def test_every_python_block_of_a_page_compiles(page):
     for block in PYTHON_BLOCK.findall(page.read_text()):
         ast.parse(block, filename=str(page))
+
+
+FIRST_PERSON = re.compile(r"\b(I|my|we|our|ours|us)\b", re.IGNORECASE)
+COMMIT_HASH = re.compile(r"`[0-9a-f]{7,40}`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(DOCS)))
+def test_the_pages_state_facts_without_a_first_person_or_a_commit_hash(page):
+    """The docs describe the product as it is; its history is git's (issue #41)."""
+    text = PYTHON_BLOCK.sub("", page.read_text())
+    assert not FIRST_PERSON.findall(text), FIRST_PERSON.findall(text)
+    assert not COMMIT_HASH.findall(text), COMMIT_HASH.findall(text)

@@ -87,7 +87,14 @@ def cited_paths(text: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "page", ["README.md", "docs/architecture.md", "docs/explanation/guarantees.md", "docs/benchmarks.md"]
+    "page",
+    [
+        "README.md",
+        "docs/architecture.md",
+        "docs/explanation/guarantees.md",
+        "docs/benchmarks.md",
+        "docs/development.md",
+    ],
 )
 def test_every_path_a_page_cites_is_in_the_repository(page):
     cited = cited_paths((REPOSITORY / page).read_text())

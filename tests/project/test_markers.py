@@ -1,4 +1,4 @@
-"""The fast loop's promise (README, "Development"): a test that starts a process is marked ``processes``.
+"""The fast loop's promise (docs/development.md): a test that starts a process is marked ``processes``.
 
 ``tests/conftest.py`` marks the kinds and fails a test that starts a process unmarked; here a
 pytest of its own runs a probe that does so, and lists what the fast loop selects.
@@ -48,7 +48,7 @@ def test_the_fast_loop_leaves_out_every_test_of_processes_chromium_and_the_long_
 
 
 def test_the_fast_loop_runs_about_nine_tests_in_ten():
-    """The README: "Leaving them out runs about nine tests in ten, the in-process ones"."""
+    """docs/development.md: "Leaving them out runs about nine tests in ten, the in-process ones"."""
     fast = pytest_alone("--collect-only", "-m", FAST, "tests")
     everything = pytest_alone("--collect-only", "tests")
 

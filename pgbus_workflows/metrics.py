@@ -146,7 +146,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """What the database knows (:class:`DatabaseCollector`), in the format the scraper asks for.
 
     It does no access check of its own: mount it behind the project's authentication or
-    network rules (see the README's "Metrics and traces").
+    network rules (see docs/metrics.md).
     """
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     return HttpResponse(encoder(database_registry()), content_type=content_type)

@@ -1,8 +1,8 @@
-"""The README's "Metrics and traces" and docs/grafana-dashboard.json against what the code serves.
+"""The metrics and traces guide (docs/metrics.md) and docs/grafana-dashboard.json against what the code serves.
 
-Every metric and label the README's tables, its PromQL and the dashboard name is read from a
+Every metric and label the guide's tables, its PromQL and the dashboard name is read from a
 real scrape (the view, and the process registry after real attempts); the value lists the
-README gives are the code's.
+guide gives are the code's.
 """
 
 import itertools
@@ -24,8 +24,7 @@ from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import ROOT
 from tests.testapp.workflows import Counted
 
-README = (ROOT / "README.md").read_text()
-SECTION = README.split("## Metrics and traces\n", 1)[1].split("\n## ", 1)[0]
+SECTION = (ROOT / "docs" / "metrics.md").read_text()
 DASHBOARD = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
 METRIC = re.compile(r"\bpgbus_workflows_\w+")
 
@@ -40,7 +39,7 @@ def labels_by_sample(text: str) -> dict[str, set[str]]:
 
 
 def table_rows(heading_text: str) -> dict[str, set[str]]:
-    """``{metric: labels}`` of the README table right after ``heading_text``."""
+    """``{metric: labels}`` of the guide's table right after ``heading_text``."""
     lines = SECTION.split(heading_text, 1)[1].splitlines()
     first = next(number for number, line in enumerate(lines) if line.startswith("| metric |"))
     rows = {}

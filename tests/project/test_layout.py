@@ -94,6 +94,7 @@ def cited_paths(text: str) -> set[str]:
         "docs/explanation/guarantees.md",
         "docs/benchmarks.md",
         "docs/development.md",
+        "docs/metrics.md",
     ],
 )
 def test_every_path_a_page_cites_is_in_the_repository(page):

@@ -86,21 +86,20 @@ def cited_paths(text: str) -> set[str]:
     return {path for path in paths if not any(part.startswith(".") for part in path.split("/"))}
 
 
-@pytest.mark.parametrize(
-    "page",
-    [
-        "README.md",
-        "docs/architecture.md",
-        "docs/explanation/guarantees.md",
-        "docs/benchmarks.md",
-        "docs/development.md",
-        "docs/metrics.md",
-        "docs/deploys.md",
-    ],
-)
+#: Every page of the README and the docs site; the first two cite paths by design.
+DOC_PAGES = [
+    "README.md",
+    *sorted(
+        str(path.relative_to(REPOSITORY)) for path in (REPOSITORY / "docs").rglob("*.md") if "_build" not in path.parts
+    ),
+]
+
+
+@pytest.mark.parametrize("page", DOC_PAGES)
 def test_every_path_a_page_cites_is_in_the_repository(page):
     cited = cited_paths((REPOSITORY / page).read_text())
-    assert cited, f"{page} cites no path: the pattern no longer matches how it cites them"
+    if page in ("README.md", "docs/architecture.md"):
+        assert cited, f"{page} cites no path: the pattern no longer matches how it cites them"
     assert sorted(path for path in cited if not (REPOSITORY / path).exists()) == []
 
 

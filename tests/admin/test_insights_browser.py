@@ -1,6 +1,6 @@
 """The insights page in a real browser: from the dashboard's "insights" link to the class's charts.
 
-With UPDATE_SCREENSHOTS=1 the page is saved as docs/insights.png (the README's screenshot),
+With UPDATE_SCREENSHOTS=1 the page is saved as docs/insights.png (the operating guide's screenshot),
 otherwise to a temporary folder. Skipped as the other browser tests are, without Chromium or Playwright.
 """
 

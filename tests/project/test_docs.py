@@ -59,7 +59,7 @@ def test_every_python_block_of_a_page_compiles(page):
         ast.parse(block, filename=str(page))
 
 
-FIRST_PERSON = re.compile(r"\b(I|my|we|our|ours|us)\b", re.IGNORECASE)
+FIRST_PERSON = re.compile(r"\bI\b(?![/.])|\b(?i:my|we|our|ours|us)\b")  # "I", not "I/O"
 COMMIT_HASH = re.compile(r"`[0-9a-f]{7,40}`")
 
 

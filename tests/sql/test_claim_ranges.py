@@ -4,7 +4,7 @@ The due index (priority, ``scheduled_at``, id) holds every scheduled step, those
 now included (a drip campaign's waits). PostgreSQL bounds a read of it by ``scheduled_at`` only
 within one priority, so the claim and its look-ahead find the priorities first (one descent
 of the index each) and read each one's range. Read whole, the index cost a claim 0.6 s behind
-200,000 runs waiting days (README, "Running the dispatcher"; docs/benchmarks.md).
+200,000 runs waiting days (docs/dispatcher.md, docs/benchmarks.md).
 """
 
 from datetime import timedelta

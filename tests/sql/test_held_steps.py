@@ -3,7 +3,7 @@
 The due index is (priority, ``held``, ``scheduled_at``, id): a claim reads each priority's
 range of attempts that are not held, so the due steps of paused runs (an operator's pause
 during an incident, the sweep's pause of steps no live code defines) no longer cost every
-claim a read of each one and its run (README, "Running the dispatcher"). The flag is written
+claim a read of each one and its run (docs/dispatcher.md). The flag is written
 under the run's lock by every unit of work that begins or ends with the run paused
 (``RunLedger.flush``); the state machine test checks it after every verb.
 """

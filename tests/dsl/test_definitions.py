@@ -1,7 +1,7 @@
 """The step DSL and class validation: what a class body may say, and what it means.
 
-Every misconfiguration raises ``ConfigurationError`` when the class is defined (README, "The
-step DSL"), so classes that must fail are defined inside ``pytest.raises`` blocks.
+Every misconfiguration raises ``ConfigurationError`` when the class is defined (docs/steps.md),
+so classes that must fail are defined inside ``pytest.raises`` blocks.
 """
 
 import os

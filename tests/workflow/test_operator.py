@@ -1,4 +1,4 @@
-"""The operator verbs on a run's handle (README "Operating runs").
+"""The operator verbs on a run's handle (docs/operating.md, "From code: a run's handle").
 
 Every verb takes ``actor=`` and ``reason=``, writes one event, and refuses a move its run's
 state does not allow (``InvalidTransition``, ``NotPaused``, ``StepNotDefined``) without

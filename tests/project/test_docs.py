@@ -69,3 +69,13 @@ def test_the_pages_state_facts_without_a_first_person_or_a_commit_hash(page):
     text = PYTHON_BLOCK.sub("", page.read_text())
     assert not FIRST_PERSON.findall(text), FIRST_PERSON.findall(text)
     assert not COMMIT_HASH.findall(text), COMMIT_HASH.findall(text)
+
+
+def test_the_readme_is_a_front_page_under_300_lines():
+    """The README says what the product is and links the docs for the rest (issue #41)."""
+    readme = (REPOSITORY / "README.md").read_text()
+    assert len(readme.splitlines()) < 300
+    linked = set(re.findall(r"\]\(docs/([\w/-]+)\.md\)", readme))
+    guides = {str(page.relative_to(DOCS).with_suffix("")) for page in PAGES if "_build" not in page.parts}
+    assert linked <= guides, linked - guides
+    assert {"steps", "signals", "fan-out", "schedules", "tasks", "operating", "dispatcher", "testing"} <= linked

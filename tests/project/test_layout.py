@@ -6,7 +6,6 @@ fails here too, with its name.
 """
 
 import re
-import subprocess
 from pathlib import Path
 
 import grimp
@@ -81,17 +80,18 @@ REPOSITORY = PACKAGE.parent
 CITED_PATH = re.compile(r"`((?:tests|pgbus_workflows|docs|bench|scripts)/[\w./-]+)`")
 
 
+#: The folders .gitignore names by their path (``docs/_build/``, ``bench/.peers/``): commands make them.
+GENERATED_FOLDERS = tuple(
+    line
+    for line in (REPOSITORY / ".gitignore").read_text().splitlines()
+    if line.endswith("/") and "/" in line[:-1] and not line.startswith(("#", "*"))
+)
+
+
 def cited_paths(text: str) -> set[str]:
-    """The paths ``text`` cites, but those a command makes: the ones git ignores (``docs/_build``, ``bench/.peers``)."""
-    paths = sorted({path.rstrip("/.") for path in CITED_PATH.findall(text)})
-    ignored = subprocess.run(
-        ["git", "check-ignore", "--no-index", "--stdin"],
-        input="\n".join(form for path in paths for form in (path, f"{path}/")),  # a folder rule needs the slash
-        capture_output=True,
-        text=True,
-        cwd=REPOSITORY,
-    ).stdout.split()
-    return set(paths) - {path.rstrip("/") for path in ignored}
+    """The paths ``text`` cites, but those in a folder a command makes (``GENERATED_FOLDERS``)."""
+    paths = {path.rstrip("/.") for path in CITED_PATH.findall(text)}
+    return {path for path in paths if not f"{path}/".startswith(GENERATED_FOLDERS)}
 
 
 #: Every page of the README and the docs site; the first two cite paths by design.

@@ -16,6 +16,10 @@ class SimplePgbusWorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        """Register the system checks, the fan-out receiver and the install of ``start()``'s function after ``migrate``.
+
+        Then make the workflow class of each ``TASKS`` alias this app's backend serves.
+        """
         from . import checks, deploy_checks  # noqa: F401 - registers the system checks
         from .services import fanout  # noqa: F401 - resolves a parent's fan-out when a child run ends
 
@@ -66,6 +70,7 @@ class PgbusWorkflowsConfig(SimplePgbusWorkflowsConfig):
     default = True
 
     def ready(self) -> None:
+        """Do what the simple config does, then import every installed app's ``workflows`` module."""
         super().ready()
         from .dsl.declared import autodiscover  # in ready(): the app registry is ready now
 

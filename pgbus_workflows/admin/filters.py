@@ -32,11 +32,13 @@ class WorkflowClassFilter(admin.SimpleListFilter):
     lookup = "workflow_class"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        """The stored class names and the registered ones, sorted."""
         stored = set(distinct_values(WorkflowRun, "workflow_class"))
         names = sorted(stored | {cls.name for cls in registry.classes()})
         return [(name, name) for name in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The rows of the chosen class (``lookup`` is the path to it), or every row when none is chosen."""
         if self.value():
             return queryset.filter(**{self.lookup: self.value()})
         return queryset
@@ -55,9 +57,11 @@ class RunStatusFilter(admin.SimpleListFilter):
     parameter_name = "status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        """Every run status, in the code's order."""
         return list(RunStatus.choices)
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The runs of the chosen status, reached through the (class, status) index."""
         if not self.value():
             return queryset
         # Status is the second column of the (class, status) index: naming every stored class
@@ -73,9 +77,11 @@ class StuckFilter(admin.SimpleListFilter):
     parameter_name = "stuck"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        """Every reason the sweep counts a run as stuck for, in words."""
         return [(reason, reason.replace("_", " ")) for reason in STUCK_REASONS]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The runs stuck for the chosen reason; an unknown reason is an invalid lookup."""
         reason = self.value()
         if not reason:
             return queryset
@@ -93,6 +99,7 @@ class FinishedWithinFilter(admin.SimpleListFilter):
     periods = {"1h": 1, "6h": 6, "24h": 24, "7d": 24 * 7}  # the insights page's windows
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        """The windows offered: the last hour, 6 hours, 24 hours and 7 days."""
         return [
             ("1h", _("the last hour")),
             ("6h", _("the last 6 hours")),
@@ -101,6 +108,7 @@ class FinishedWithinFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The attempts that finished within the chosen window; every attempt when none is chosen."""
         hours = self.periods.get(self.value() or "")
         if hours is None:
             return queryset
@@ -118,9 +126,11 @@ class EventKindFilter(admin.SimpleListFilter):
     parameter_name = "kind"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        """The notable event kinds, in words."""
         return [(kind, kind.replace("_", " ")) for kind in NOTABLE_EVENT_KINDS]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The events of the chosen kind; a kind not offered is an invalid lookup."""
         kind = self.value()
         if not kind:
             return queryset

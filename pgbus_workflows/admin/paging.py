@@ -80,6 +80,7 @@ class EstimatedCountPaginator(Paginator):
         return count_label(self.count, self.estimated, self.exact_up_to)
 
     def validate_number(self, number: Any) -> int:
+        """The page number as an int; an estimated list takes 1 to ``deepest_page``, even past its estimate."""
         if not self.estimated:
             return super().validate_number(number)
         try:
@@ -111,6 +112,7 @@ class EstimatedCountPaginator(Paginator):
             yield self.ELLIPSIS
 
     def page(self, number: Any) -> Page:
+        """One page of rows; an estimated list's is a plain slice, empty past the end of the rows."""
         if not self.estimated:
             return super().page(number)
         number = self.validate_number(number)
@@ -138,12 +140,13 @@ class IndexedOrderChangeList(ChangeList):
     for another (``?o=4``): sorting a million runs by an unindexed column reads them all."""
 
     def get_ordering_field(self, field_name: Any) -> Any:
+        """The column ``field_name`` sorts by, or None when it is not in ``sortable_by``."""
         if self.sortable_by is not None and field_name not in self.sortable_by:
             return None
         return super().get_ordering_field(field_name)
 
     def get_ordering_field_columns(self) -> dict[int, Literal["desc", "asc"]]:
-        # The headers show as sorted only the columns the list is sorted by.
+        """The columns whose headers show a sort order: only those in ``sortable_by``, as the list sorts."""
         columns = super().get_ordering_field_columns()
         if self.sortable_by is None:
             return columns
@@ -165,9 +168,11 @@ class ScaledChangeList(admin.ModelAdmin):
     run_lookup = "run__workflow_id"
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        """The changelist that sorts by indexed columns only (:class:`IndexedOrderChangeList`)."""
         return IndexedOrderChangeList
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> Any:
+        """The rows :meth:`search_condition` finds (no duplicates to remove); every row for a blank term."""
         if not search_term.strip():
             return queryset, False
         return queryset.filter(self.search_condition(search_term.strip())), False

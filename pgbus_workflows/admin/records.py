@@ -31,15 +31,19 @@ class ReadOnlyAdmin(ScaledChangeList):
         css = {"all": ("pgbus_workflows/admin.css",)}
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        """Never: engine rows are written by the services only."""
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Never: an engine row's page is read only."""
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Never: nobody deletes an engine row here."""
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+        """Every field, read only: the model's but those in ``exclude``, then ``readonly_fields``."""
         # Fields shown through a display method (JSON in <pre>) are excluded in their raw form.
         hidden = set(self.exclude or ())
         return [f.name for f in self.opts.fields if f.name not in hidden] + list(self.readonly_fields)
@@ -75,19 +79,22 @@ class WorkflowStepAdmin(ReadOnlyAdmin):
     exclude = ("output", "traceback")
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        # The insights page links each step's counts here (with a class and a window).
+        """Django's allowed lookups, plus ``step_name``: the insights page links each step's counts here."""
         return lookup == "step_name" or super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
 
     @admin.display(description=_("status"), ordering="status")
     def coloured_status(self, step: WorkflowStep) -> SafeString:
+        """The attempt's status as a coloured badge."""
         return status_badge(step.status, step.get_status_display())
 
     @admin.display(description=_("output"))
     def output_json(self, step: WorkflowStep) -> SafeString:
+        """The attempt's output as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(step.output))
 
     @admin.display(description=_("traceback"))
     def traceback_text(self, step: WorkflowStep) -> SafeString:
+        """The attempt's traceback, or "-" when it raised nothing."""
         return format_html('<pre class="pgbus-json">{}</pre>', step.traceback or "-")
 
 
@@ -105,6 +112,7 @@ class WorkflowEventAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("details"))
     def details_json(self, event: WorkflowEvent) -> SafeString:
+        """The event's details as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(event.details))
 
 
@@ -122,10 +130,12 @@ class WorkflowSignalAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("status"), ordering="status")
     def coloured_status(self, signal: WorkflowSignal) -> SafeString:
+        """The signal's status as a coloured badge."""
         return status_badge(signal.status, signal.get_status_display())
 
     @admin.display(description=_("payload"))
     def payload_json(self, signal: WorkflowSignal) -> SafeString:
+        """The signal's payload as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(signal.payload))
 
 
@@ -150,14 +160,17 @@ class FanOutJobAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("status"), ordering="status")
     def coloured_status(self, job: FanOutJob) -> SafeString:
+        """The job's status as a coloured badge."""
         return status_badge(job.status, job.get_status_display())
 
     @admin.display(description=_("arguments"))
     def arguments_json(self, job: FanOutJob) -> SafeString:
+        """The job's arguments as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.arguments))
 
     @admin.display(description=_("result"))
     def result_json(self, job: FanOutJob) -> SafeString:
+        """The job's result as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.result))
 
 

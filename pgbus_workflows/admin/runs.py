@@ -87,12 +87,14 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         return found | Q(workflow_id__range=id_range) if id_range else found
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Django's allowed lookups, plus the two that other pages link with: a schedule's runs, a step's runs."""
         # A schedule's page links to its runs (no sidebar filter: there may be thousands of schedules),
         # the insights page to the runs at one step (with a class and a status: pgbus_wf_run_pipeline).
         allowed = lookup in ("schedule__id__exact", "current_step")
         return allowed or super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
+        """The runs, each with the number of its latest attempt (``latest_attempt``)."""
         # One subquery, not one query per row: the changelist's cost does not grow with the page.
         latest = WorkflowStep.objects.filter(run_id=OuterRef("pk")).order_by("-pk").values("attempt")[:1]
         runs: QuerySet[WorkflowRun] = super().get_queryset(request)
@@ -102,6 +104,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
 
     @admin.display(description=_("run"), ordering="workflow_id")  # the unique index orders it
     def short_id(self, run: WorkflowRun) -> SafeString:
+        """The workflow id's first 8 characters, the whole id on hover."""
         return format_html('<span title="{}">{}</span>', run.workflow_id, str(run.workflow_id)[:8])
 
     @admin.display(description=_("workflow class"))
@@ -128,26 +131,32 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
 
     @admin.display(description=_("subject"))
     def subject(self, run: WorkflowRun) -> str:
+        """The run's subject, linked to its admin page when its model has one."""
         return subject_link(self.admin_site, run.subject_type, run.subject_id)
 
     @admin.display(description=_("status"), ordering="status")
     def coloured_status(self, run: WorkflowRun) -> SafeString:
+        """The run's status as a coloured badge."""
         return status_badge(run.status, run.get_status_display())
 
     @admin.display(description=_("attempt"), ordering="latest_attempt")
     def attempt(self, run: WorkflowRun) -> Any:
+        """The number of the run's latest attempt, or "-" before its first."""
         return getattr(run, "latest_attempt", None) or "-"
 
     @admin.display(description=_("age"), ordering="-created_at")
     def age(self, run: WorkflowRun) -> str:
+        """How long ago the run was created, in its largest unit ("3 hours")."""
         return timesince(run.created_at, depth=1)
 
     @admin.display(description=_("arguments"))
     def arguments_json(self, run: WorkflowRun) -> SafeString:
+        """The run's arguments as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(run.arguments))
 
     @admin.display(description=_("schedule"))
     def schedule_link(self, run: WorkflowRun) -> Any:
+        """The schedule that started the run, linked to its page, or "-"."""
         if run.schedule_id is None:
             return "-"
         url = change_url(self.admin_site.name, "workflowschedule", run.schedule_id)
@@ -164,6 +173,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
 
     @admin.display(description=_("rerun of"))
     def rerun_of_link(self, run: WorkflowRun) -> Any:
+        """The run this one reruns, linked to its page while it is stored, or "-"."""
         if run.rerun_of is None:
             return "-"
         original = WorkflowRun.objects.filter(workflow_id=run.rerun_of).only("pk").first()
@@ -177,31 +187,38 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
 
     @admin.action(permissions=["pause"], description=_("Pause selected runs"))
     def pause_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        """Pause the selected runs, with the reason the operator gives."""
         return bulk_operation(self, request, queryset, "pause")
 
     @admin.action(permissions=["pause"], description=_("Resume selected runs"))
     def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        """Resume the selected runs, with the reason the operator gives."""
         return bulk_operation(self, request, queryset, "resume")
 
     @admin.action(permissions=["cancel"], description=_("Cancel selected runs"))
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        """Cancel the selected runs, with the reason the operator gives."""
         return bulk_operation(self, request, queryset, "cancel")
 
     @admin.action(permissions=["rerun"], description=_("Rerun selected runs"))
     def rerun_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        """Start each selected run again with its arguments, with the reason the operator gives."""
         return bulk_operation(self, request, queryset, "rerun")
 
     @admin.action(permissions=["run_now"], description=_("Run the scheduled step of selected runs now"))
     def run_now_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        """Make the scheduled step of each selected run due now, with the reason the operator gives."""
         return bulk_operation(self, request, queryset, "run_now")
 
     @admin.action(permissions=["skip"], description=_("Skip the current step of selected runs"))
     def skip_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        """Skip the current step of each selected run, with the reason the operator gives."""
         return bulk_operation(self, request, queryset, "skip")
 
     # views
 
     def get_urls(self) -> list[URLPattern]:
+        """The dashboard's, the insights' and each verb's URLs, then Django's own."""
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         urls = [path("dashboard/", wrap(self.dashboard_view), name=f"{prefix}_dashboard")]
@@ -213,6 +230,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         return urls + super().get_urls()
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The runs list, with links to the dashboard and a class's insights; a forbidden action is a 403."""
         # Django drops an action the user may not run with a "No action selected." message;
         # an operator console refuses it outright, so that a forged POST is visibly denied.
         for action in request.POST.getlist("action") if request.method == "POST" else []:
@@ -228,6 +246,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        """The run page, with its buttons and timeline (``run_page_context``) when the user may view it."""
         run = self.get_object(request, unquote(object_id))
         if run is not None and self.has_view_permission(request, run):
             extra_context = {**run_page_context(self, request, run), **(extra_context or {})}

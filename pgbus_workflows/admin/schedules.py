@@ -110,6 +110,7 @@ class AddScheduleForm(forms.ModelForm):
         self.schedule: Schedule | None = None
 
     def clean(self) -> dict[str, Any]:
+        """The form's data, checked by building the ``Schedule`` it describes (kept as ``schedule``)."""
         data = super().clean() or {}
         every, jitter = data.get("every_seconds"), data.get("jitter_seconds")
         try:
@@ -144,19 +145,23 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         css = {"all": ("pgbus_workflows/admin.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowSchedule]:
+        """The schedules, each with its last run joined in the same query."""
         return super().get_queryset(request).select_related("last_run")
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The add form (:class:`AddScheduleForm`) for a new schedule, Django's form for a stored one."""
         if obj is None:
             kwargs["form"] = AddScheduleForm
         return super().get_form(request, obj, change, **kwargs)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """``ADD_FIELDS`` on the add form, ``PAGE_FIELDS`` on a schedule's page."""
         if obj is None:
             return ADD_FIELDS
         return PAGE_FIELDS
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        """No field on the add form; every field on a schedule's page."""
         if obj is None:
             return ()
         return [f.name for f in self.opts.fields] + list(self.readonly_fields)
@@ -166,9 +171,11 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         return super().has_add_permission(request) and bool(request.user.has_perm(START_PERMISSION))
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Never: a schedule changes through its verbs or its declaration."""
         return False  # a schedule changes through its verbs (or its declaration), never through a form
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Django's delete permission, but never for a declared schedule."""
         if isinstance(obj, WorkflowSchedule) and obj.declared:
             return False  # the next sync would bring it back: remove it from the class's schedules
         return super().has_delete_permission(request, obj)
@@ -183,6 +190,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         obj.pk, obj._state.adding = row.pk, False
 
     def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None) -> Any:
+        """The add form; a schedule ``add_schedule`` refuses (a taken name) goes back to the list with why."""
         try:
             return super().add_view(request, form_url, extra_context)
         except ValidationError as error:  # a taken name: said on the list, nothing was stored
@@ -193,14 +201,17 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("expression"))
     def expression(self, schedule: WorkflowSchedule) -> str:
+        """The schedule's cron expression, or its interval."""
         return schedule.expression
 
     @admin.display(description=_("in words"))
     def in_words(self, schedule: WorkflowSchedule) -> str:
+        """The schedule in words."""
         return schedule.in_words
 
     @admin.display(description=_("next fire"), ordering="due_at")
     def next_fire(self, schedule: WorkflowSchedule) -> str:
+        """When the schedule fires next and how soon (or how overdue), or why it does not ("paused")."""
         if not schedule.enabled:
             return str(_("only by hand (disabled in code)"))
         if schedule.paused:
@@ -215,6 +226,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("last run"))
     def last_run_link(self, schedule: WorkflowSchedule) -> SafeString | str:
+        """When the last run was scheduled for, linked to it, with its status; "-" before the first."""
         run = schedule.last_run
         if run is None:
             return "-"
@@ -224,6 +236,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("state"))
     def state(self, schedule: WorkflowSchedule) -> SafeString:
+        """A badge: class not registered, failing, disabled, paused or active (the first that holds)."""
         if not registry.is_registered(schedule.workflow_class):
             return status_badge("cancelled", _("class not registered"))
         if schedule.last_error:
@@ -234,15 +247,18 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("runs"))
     def runs_link(self, schedule: WorkflowSchedule) -> SafeString:
+        """A link to the runs list showing this schedule's runs."""
         url = changelist_url(self.admin_site.name, "workflowrun", schedule__id__exact=schedule.pk)
         return format_html('<a href="{}">{}</a>', url, _("Runs of this schedule"))
 
     # the verbs
 
     def has_pause_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Whether the user may pause and resume schedules."""
         return bool(request.user.has_perm("pgbus_workflows.pause_workflowschedule"))
 
     def has_fire_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Whether the user may fire schedules by hand."""
         return bool(request.user.has_perm("pgbus_workflows.fire_workflowschedule"))
 
     def may_operate(self, request: HttpRequest, verb: str, schedule: WorkflowSchedule | None = None) -> bool:
@@ -258,6 +274,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         return bool(allowed) and self.has_view_permission(request, schedule)
 
     def get_urls(self) -> list[URLPattern]:
+        """One URL per schedule verb, then Django's own."""
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         urls = [
@@ -269,6 +286,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        """The schedule's page, with its audit trail and the buttons of the verbs the user may take."""
         schedule = self.get_object(request, unquote(object_id))
         if schedule is not None and self.has_view_permission(request, schedule):
             buttons = [

@@ -63,6 +63,7 @@ class DjangoTaskAdmin(ReadOnlyAdmin):
         return bool(request.user.has_perm("pgbus_workflows.view_workflowrun"))
 
     def has_module_permission(self, request: HttpRequest) -> bool:
+        """Whether the tasks show on the admin index: as :meth:`has_view_permission` says."""
         return self.has_view_permission(request)
 
     @admin.display(description=_("task id"))
@@ -72,10 +73,12 @@ class DjangoTaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("function"))
     def function(self, obj: DjangoTask) -> str:
+        """The task function's dotted path."""
         return str(obj.arguments.get("task", ""))
 
     @admin.display(description=_("queue"))
     def queue(self, obj: DjangoTask) -> str:
+        """The queue the task was enqueued on."""
         return str(obj.arguments.get("queue_name", ""))
 
     @admin.display(description=_("state"))
@@ -86,8 +89,10 @@ class DjangoTaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description=_("attempts"))
     def attempts(self, obj: Any) -> int:
+        """How many attempts have started."""
         return int(obj.attempt_count)
 
     @admin.display(description=_("last error"))
     def last_error(self, obj: Any) -> str:
+        """The error class of the latest attempt that raised one, or an empty string."""
         return str(obj.error or "")

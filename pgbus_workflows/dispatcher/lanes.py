@@ -79,18 +79,22 @@ class Batch:
 
     @property
     def steps(self) -> list[WorkflowStep]:
+        """The attempts whose outcomes wait to be written."""
         return [step for step, _ in self.performed]
 
     @property
     def jobs(self) -> list[FanOutJob]:
+        """The fan-out jobs whose ends wait to be written."""
         return [end.job for end in self.ends]
 
     def add_step(self, performed: tuple[WorkflowStep, StepOutcome] | None) -> None:
+        """Add an attempt and its outcome to write; None adds nothing."""
         if performed is not None:
             self._open()
             self.performed.append(performed)
 
     def add_job(self, end: JobEnd | None) -> None:
+        """Add a job's end to write; None adds nothing."""
         if end is not None:
             self._open()
             self.ends.append(end)

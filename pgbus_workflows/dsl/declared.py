@@ -133,6 +133,7 @@ class WorkflowMeta(type):
         return _StepNamespace(name)
 
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> WorkflowMeta:
+        """Build the class with its steps (its parents' first), check it and register it unless it is abstract."""
         cls = super().__new__(mcs, name, bases, dict(namespace), **kwargs)
         own = [with_name(v, key) for key, v in namespace.items() if isinstance(v, StepDefinition)]
         base = next((b for b in bases if isinstance(b, WorkflowMeta)), None)

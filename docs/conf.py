@@ -21,7 +21,7 @@ django.setup()
 project = "pgbus-workflows"
 author = "the pgbus-workflows authors"
 copyright = "the pgbus-workflows authors"  # noqa: A001 (Sphinx's name)
-extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.graphviz", "pgbus_docs"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.graphviz", "pgbus_docs", "pgbus_reference"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "_ext"]
 myst_enable_extensions = ["colon_fence", "deflist"]

@@ -25,6 +25,59 @@ from .models import Dispatcher, FanOutJob, JobStatus
 from .services.children import CHILD_PREFIX
 from .sql import clock
 
+#: When a check runs: with every ``manage.py check`` (runserver and migrate run it too), or
+#: with ``check --database default`` only, as it reads rows.
+EVERY_CHECK, DATABASE_CHECK = "every check", "check --database default"
+
+#: Every system check message this app gives, by id: when it runs and what it finds. The
+#: settings and checks reference of the docs is drawn from it; a test holds it to the ids the
+#: code gives (here, in ``deploy_checks`` and in the tasks backend).
+CHECKS: dict[str, tuple[str, str]] = {
+    "pgbus_workflows.E001": (EVERY_CHECK, "``PGBUS_WORKFLOWS`` is not a dict."),
+    "pgbus_workflows.E002": (EVERY_CHECK, "``PGBUS_WORKFLOWS`` has a key this version does not know (a typo)."),
+    "pgbus_workflows.E003": (EVERY_CHECK, "A duration setting is neither seconds nor a ``timedelta``."),
+    "pgbus_workflows.E004": (EVERY_CHECK, "A duration setting is zero or negative (``RETENTION`` may be 0 or None)."),
+    "pgbus_workflows.E005": (EVERY_CHECK, "``STALL_ACTION`` is not reattempt, pause or cancel."),
+    "pgbus_workflows.E006": (EVERY_CHECK, "``MAX_PAYLOAD_SIZE``, ``BATCH_SIZE`` or ``MAX_CHILD_DEPTH`` is not >= 1."),
+    "pgbus_workflows.E007": (EVERY_CHECK, "``DEFAULT_QUEUE`` or ``NOTIFY_CHANNEL`` is not a non-empty string."),
+    "pgbus_workflows.E008": (EVERY_CHECK, "``AUTODISCOVER_MODULE`` is neither a module name nor None."),
+    "pgbus_workflows.E009": (EVERY_CHECK, "``MAX_STALLS`` is neither an integer >= 0 nor None."),
+    "pgbus_workflows.E010": (
+        EVERY_CHECK,
+        "``NOTIFY_CHANNEL`` is over 63 bytes (PostgreSQL would truncate it) or ``DEFAULT_QUEUE`` over 255.",
+    ),
+    "pgbus_workflows.E011": (EVERY_CHECK, "``PREPARED_STATEMENTS`` is not True or False."),
+    "pgbus_workflows.E012": (EVERY_CHECK, "``ASYNC_CONCURRENCY`` is not an integer >= 0."),
+    "pgbus_workflows.E013": (EVERY_CHECK, "A ``TASKS`` alias using the workflows backend has bad ``OPTIONS``."),
+    "pgbus_workflows.E014": (EVERY_CHECK, "``MCP_WRITE_TOOLS`` or ``MCP_SHOW_PAYLOADS`` is not True or False."),
+    "pgbus_workflows.W001": (DATABASE_CHECK, "The default database is neither PostgreSQL nor SQLite."),
+    "pgbus_workflows.W002": (EVERY_CHECK, "Several dispatchers heartbeat on one SQLite database: it takes one."),
+    "pgbus_workflows.W003": (
+        EVERY_CHECK,
+        'SQLite transactions are not ``"IMMEDIATE"``: dispatchers would fail with "database is locked".',
+    ),
+    "pgbus_workflows.W004": (
+        EVERY_CHECK,
+        "A workflow class has no ``name``: its runs store the dotted path, which a move orphans.",
+    ),
+    "pgbus_workflows.W005": (DATABASE_CHECK, "The rows cannot be compared with the code: unreachable or unmigrated."),
+    "pgbus_workflows.W006": (DATABASE_CHECK, "Ongoing runs of a workflow class this code does not define."),
+    "pgbus_workflows.W007": (DATABASE_CHECK, "Ongoing runs on a step their class no longer defines."),
+    "pgbus_workflows.W008": (DATABASE_CHECK, "Pending signals that no step of their run's class waits for."),
+    "pgbus_workflows.W009": (DATABASE_CHECK, "Due steps in a queue no live dispatcher serves."),
+    "pgbus_workflows.W010": (DATABASE_CHECK, "Enabled schedules of a workflow class this code does not define."),
+    "pgbus_workflows.W011": (
+        DATABASE_CHECK,
+        "A function bearing the name of ``start()``'s that the tables' owner does not own (maybe planted).",
+    ),
+    "pgbus_workflows.W012": (DATABASE_CHECK, "Pending fan-out jobs whose function this code cannot import."),
+    "pgbus_workflows.W013": (
+        EVERY_CHECK,
+        "A fixed ``Concurrency`` or ``RateLimit`` key declared twice with different limits.",
+    ),
+    "pgbus_workflows.I001": (DATABASE_CHECK, "Ongoing runs parked on ``removed_step()`` steps: keep them until 0."),
+}
+
 _POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE", "MAX_CHILD_DEPTH")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
 #: The switches of ``manage.py workflows_mcp``: a string such as "false" would read as true.

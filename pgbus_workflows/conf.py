@@ -75,25 +75,55 @@ def as_duration(value: Any) -> timedelta:
 class WorkflowSettings:
     """Typed access to ``PGBUS_WORKFLOWS``, with the defaults of ``DEFAULTS``."""
 
+    #: How often the sweep runs: stalled attempts, dead dispatchers, wait timeouts, retention, the gauge.
     SWEEP_INTERVAL: timedelta
+    #: An attempt running longer than this, in a step without ``timeout=``, is stalled.
     STALL_THRESHOLD: timedelta
+    #: What the sweep does with a stalled attempt: ``"reattempt"``, ``"pause"`` or ``"cancel"``.
     STALL_ACTION: str
+    #: Finished and cancelled runs, and schedule events, older than this are deleted (``None`` or ``0`` keeps
+    #: them).
     RETENTION: timedelta | None
+    #: A run waiting longer than this, without a timeout, counts as ``waiting_overdue``.
     WAITING_VISIBILITY_THRESHOLD: timedelta
+    #: UTF-8 bytes of JSON allowed for arguments, outputs, signal payloads and job arguments (else
+    #: ``PayloadTooLarge``).
     MAX_PAYLOAD_SIZE: int
+    #: The queue of steps that name none (at most 255 characters, check E010).
     DEFAULT_QUEUE: str
+    #: How often a dispatcher polls for due steps when no NOTIFY wakes it.
     POLL_INTERVAL: timedelta
+    #: How often a dispatcher writes its heartbeat.
     HEARTBEAT_INTERVAL: timedelta
+    #: A dispatcher silent this long is dead: the sweep stalls the steps it held.
     DISPATCHER_DEAD_AFTER: timedelta
+    #: The LISTEN/NOTIFY channel dispatchers wake on (at most 63 bytes, check E010).
     NOTIFY_CHANNEL: str
+    #: The module imported from every installed app to register workflows (``None`` turns discovery off).
     AUTODISCOVER_MODULE: str | None
+    #: The most step outcomes a dispatcher worker commits in one transaction (``1`` turns batching off).
     BATCH_SIZE: int
+    #: A step stalled again after this many stalled-and-reattempted attempts in a row pauses its run; a fan-out
+    #: job stalled this many times fails (``None``: for ever).
     MAX_STALLS: int | None
+    #: How long a due step that no live dispatcher's code defines waits for one before the sweep pauses its run
+    #: with ``StepNotDefined``; a fan-out job whose function cannot be imported waits as long, then fails.
     UNKNOWN_STEP_GRACE: timedelta
+    #: Whether a dispatcher whose LISTEN check passed prepares the engine's statements on the server; ``False``
+    #: for a transaction-mode pool that keeps no prepared statements (PgBouncer before 1.21, or without
+    #: ``max_prepared_statements``).
     PREPARED_STATEMENTS: bool
+    #: How deep child workflows may nest: a fan-out whose children would be deeper fails with
+    #: ``ChildDepthExceeded``.
     MAX_CHILD_DEPTH: int
+    #: How many ``async def`` bodies a dispatcher awaits at once on its event loop (``--async-concurrency``
+    #: overrides it; ``0``: each on its worker thread).
     ASYNC_CONCURRENCY: int
+    #: Whether ``manage.py workflows_mcp`` offers the write tools (pause, resume, cancel, skip, resume at, run
+    #: now, signal).
     MCP_WRITE_TOOLS: bool
+    #: Whether MCP tool results show payloads (arguments, outputs, error messages, signal payloads) instead of
+    #: redacting them.
     MCP_SHOW_PAYLOADS: bool
 
     def __init__(self) -> None:

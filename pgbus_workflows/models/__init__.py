@@ -18,6 +18,7 @@ from ..states import (
 )
 from .limiters import WorkflowLimiter
 from .records import (
+    EVENT_KINDS,
     NOTABLE_EVENT_KINDS,
     UNFINISHED_JOB,
     UNSUCCESSFUL_JOB,
@@ -32,6 +33,7 @@ from .tasks import TASK_CLASS_PREFIX, DjangoTask
 
 __all__ = [
     "ACTIVE_STEP",
+    "EVENT_KINDS",
     "NOTABLE_EVENT_KINDS",
     "ONGOING_RUN",
     "TASK_CLASS_PREFIX",

@@ -14,6 +14,39 @@ from django.utils.translation import gettext_lazy as _
 from ..states import JobStatus, SignalStatus
 from .runs import WorkflowRun, WorkflowStep
 
+#: Every kind of audit event a run records, with what it means. The docs' reference of event
+#: kinds is drawn from it; a test holds it to the kinds the code writes.
+EVENT_KINDS: dict[str, str] = {
+    "started": "The run was started; its actor and reason are ``started_by()``'s (``system`` by default).",
+    "debounced": "A debounced start moved the due time of the run's first step (its arguments are the latest).",
+    "step_started": "A dispatcher claimed the step's attempt and its body began.",
+    "step_completed": "The attempt's body returned: the run moves on to the next step.",
+    "step_skipped": "The step was skipped: its skip condition, its exception policy, an operator, a removed step.",
+    "step_failed": "The body raised and the step's policy paused or cancelled the run (the error is in details).",
+    "step_reattempted": "The body raised and the step's policy retries it: a new attempt is due after a backoff.",
+    "step_stalled": "The sweep found the attempt past its stall time, or its dispatcher dead; STALL_ACTION applied.",
+    "step_waiting": "The step waits for a signal (``wait_for``), until one arrives or its ``wait_timeout`` passes.",
+    "step_woken": "A waiting step was woken: its signal arrived, or an operator's run now cut the wait short.",
+    "step_resolved": "A waiting step ended without its body running: its fan-out ended, it timed out or was skipped.",
+    "step_timed_out": "A ``wait_for`` step passed its ``wait_timeout`` with ``on_timeout='run'``: its body runs now.",
+    "wait_timed_out": "A ``wait_for`` step passed its ``wait_timeout``; details name the ``on_timeout`` action taken.",
+    "fan_out_started": "The step's fan-out recorded its jobs or child runs and the run waits for them.",
+    "child_reattached": "A reattempted fan-out found the child run an earlier attempt started, and kept it.",
+    "signal_received": "A signal was sent to the run (its payload is on the signal row).",
+    "signal_consumed": "A waiting step took a pending signal.",
+    "signal_returned": "An attempt whose body never ran gave its signal back: it is pending again.",
+    "outcome_discarded": "An outcome arrived for an attempt that no longer runs (cancelled, stalled): it is kept out.",
+    "paused": "The run was paused: by an operator, by a step's policy, or for a step no dispatcher defines.",
+    "resumed": "The run was resumed by an operator.",
+    "resumed_at": "An operator resumed the run at another step.",
+    "run_now": "An operator made the scheduled or waiting step due now.",
+    "hold_released": "The sweep released the held attempt of a run whose pause had ended (a rolling deploy).",
+    "rerun": "An operator started a new run with this run's arguments; details name it.",
+    "cancelled": "The run was cancelled: by an operator, or by a step's policy.",
+    "finished": "The run's last step ended (or it had none): the run is finished.",
+    "sweep_failed": "A sweep phase failed on this run; it retries later (the error is the reason).",
+}
+
 #: The event kinds an operator looks for (the verbs, failures, stalls, timeouts, skips): the
 #: events list filters by them through a partial index that routine kinds (a step started or
 #: completed, a run finished) never enter, so the index costs the hot path nothing.

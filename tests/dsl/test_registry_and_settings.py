@@ -549,15 +549,6 @@ def test_postgresql_passes_the_database_check():
     assert check_database(databases=None) == []
 
 
-def test_the_readme_settings_table_lists_every_setting_with_its_default():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
-    rows = {line.split("`")[1]: line.split("|")[2].strip() for line in table.splitlines() if line.startswith("| `")}
-    assert set(rows) == set(DEFAULTS)
-    assert rows["MAX_CHILD_DEPTH"] == str(DEFAULTS["MAX_CHILD_DEPTH"])
-    assert rows["ASYNC_CONCURRENCY"] == str(DEFAULTS["ASYNC_CONCURRENCY"])
-
-
 def test_settings_are_read_once_and_again_when_the_setting_is_replaced_or_deleted(settings):
     settings.PGBUS_WORKFLOWS = {"BATCH_SIZE": 50}
     assert wf_settings.BATCH_SIZE == 50

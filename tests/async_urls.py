@@ -1,4 +1,4 @@
-"""An async view that starts and signals runs with the async API, as the README shows."""
+"""An async view that starts and signals runs with the async API, as docs/starting.md shows."""
 
 import json
 

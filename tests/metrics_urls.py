@@ -1,4 +1,4 @@
-"""The URL configuration the README shows for the metrics view (tests/faces/test_metrics.py)."""
+"""The URL configuration docs/metrics.md shows for the metrics view (tests/faces/test_metrics.py)."""
 
 from django.urls import path
 

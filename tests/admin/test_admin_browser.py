@@ -2,7 +2,7 @@
 
 An operator logs in, opens the dashboard, follows its "paused" link, opens the paused run
 and resumes it with a reason; a user without the pause permission sees no resume button.
-The tests also take the screenshots of the README: with UPDATE_SCREENSHOTS=1 they are saved
+The tests also take the screenshots of the README and the docs: with UPDATE_SCREENSHOTS=1 they are saved
 to docs/dashboard.png and docs/run.png, otherwise to a temporary folder.
 
 Needs Debian's chromium at /usr/bin/chromium (``bash scripts/install_chromium``; another
@@ -146,7 +146,7 @@ def log_in(page: Any, live_server: Any, username: str) -> None:
 
 def test_operator_resumes_a_paused_run_from_the_dashboard(live_server, django_user_model, monkeypatch, tmp_path):
     shots = DOCS if UPDATE_SCREENSHOTS else tmp_path
-    # The dashboard lists every registered class; the README's screenshot shows only these.
+    # The dashboard lists every registered class; the screenshot shows only these.
     demo = (AdminOrderFulfilment, AdminInvoiceReminders, AdminRefundApproval)
     monkeypatch.setattr(registry, "_registry", {cls.name: cls for cls in demo})
     failing = some_runs()

@@ -257,7 +257,7 @@ def test_a_reattempt_is_delayed_by_its_backoff_after_the_failed_attempt():
 def test_the_page_of_an_ongoing_run_refreshes_itself_every_5_seconds_and_a_finished_ones_does_not(operator_client):
     ongoing = PageWaits.start()
     html = operator_client.get(run_page(ongoing)).content.decode()
-    assert REFRESH_SECONDS == 5  # the README says so
+    assert REFRESH_SECONDS == 5  # docs/operating.md says so
     assert 'id="pgbus-live" class="pgbus-muted" data-seconds="5"' in html
     assert 'src="/static/pgbus_workflows/run_page.js"' in html
 

@@ -26,7 +26,7 @@ def seconds(*values):
 
 
 class BackoffOcr(Workflow):
-    """The README's example, without jitter and with a short max: times out on its first six attempts."""
+    """The steps guide's example, without jitter and with a short max: times out on its first six attempts."""
 
     name = "dsl_backoff_ocr"
     step_options = {"queue": "dsl-backoff"}

@@ -1,6 +1,6 @@
 """Every import path users have keeps working while the package's modules move to new homes.
 
-The names documented in README.md, the admin's registration (Django autodiscovers
+The names documented in the README and the docs, the admin's registration (Django autodiscovers
 ``pgbus_workflows.admin``) and the management commands: a move that forgets a re-export
 fails here, not in a user's project.
 """
@@ -28,7 +28,7 @@ PUBLIC = {
     "pgbus_workflows.tracing": ["available", "carrier", "traced_attempt"],
     "pgbus_workflows.testing": ["WorkflowTestMixin", "tick_schedules"],
     "pgbus_workflows.services.schedules": ["pause", "resume", "fire_now"],
-    # Not in README, but the tests and bench start dispatchers in-process through it.
+    # Not in the docs, but the tests and bench start dispatchers in-process through it.
     "pgbus_workflows.dispatcher": ["WorkflowDispatcher"],
 }
 

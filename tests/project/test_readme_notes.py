@@ -1,4 +1,4 @@
-"""What a newcomer had to find in the source, now in the README (issue #19): each note held by a test.
+"""What a newcomer had to find in the source, now in the docs (issue #19): each note held by a test.
 
 The others are held elsewhere: ``deliver_signal()`` running the step it wakes and
 ``expire_wait()`` running nothing (``test_signals.py``, ``SignalHelperTests``),

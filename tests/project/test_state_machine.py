@@ -10,8 +10,8 @@ concurrent operator would), applies the operator verbs to random runs, delivers 
 with random names and repeated keys, and fires timeouts (``expire_due_waits`` and the
 sweep, with a ``now`` in the future).
 
-Each verb's refusal is predicted from the rows (the README's table) and must change
-nothing; an allowed verb must do what the README says. After every rule, from the rows
+Each verb's refusal is predicted from the rows (the operating guide's table) and must change
+nothing; an allowed verb must do what the guide says. After every rule, from the rows
 alone (``check_invariants``):
 
 - at most one active step per run, and at most one ongoing run per (class, subject);

@@ -24,7 +24,7 @@ MAX_WAIT = timedelta(minutes=5)
 
 
 class DebouncedSync(Workflow):
-    """The README's example: one run per account, the latest arguments."""
+    """The flow control guide's example: one run per account, the latest arguments."""
 
     name = "debounce_crm_sync"
     allow_multiple = True

@@ -253,7 +253,7 @@ def test_a_rate_limit_lets_a_burst_of_its_limit_through_then_holds_until_a_token
 
 
 class ApiClient(Workflow):
-    """The README's worked example: keyed per account, and a rate limit the whole API shares."""
+    """The flow control guide's worked example: keyed per account, and a rate limit the whole API shares."""
 
     name = "limits_api_client"
     allow_multiple = True

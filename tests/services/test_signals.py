@@ -193,7 +193,7 @@ class SigLater(Workflow):
 
 
 class SigFlakyCapture(Workflow):
-    """The README's `capture` step: a wait_for body that charges with its signal and reattempts a lost connection."""
+    """The signals guide's `capture` step: a wait_for body charging with its signal, reattempting a lost connection."""
 
     name = "sig_flaky_capture"
     step_options = {"queue": Q}

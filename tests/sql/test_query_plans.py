@@ -313,7 +313,7 @@ def reads_growing_with_history(plan: dict) -> list[dict]:
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_reads_each_run_by_its_key_when_the_statistics_say_the_tables_are_nearly_empty():
     # The claim's plain join read all the runs for each due step, and its look-ahead for each
-    # step due later: about 0.7 s a claim with 3,000 runs (measured, README).
+    # step due later: about 0.7 s a claim with 3,000 runs (measured, docs/dispatcher.md).
     emptied_and_analysed_then_filled(600)
     later = WorkflowStep.objects.filter(status="scheduled").order_by("-pk")[:100]
     WorkflowStep.objects.filter(pk__in=list(later.values_list("pk", flat=True))).update(

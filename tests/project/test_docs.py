@@ -20,7 +20,10 @@ sys.path.insert(0, str(DOCS / "_ext"))
 from pgbus_docs import command_help, state_machine_dot  # noqa: E402  (the docs' own extension)
 
 PAGES = sorted(DOCS.rglob("*.md"))
-PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+#: A ```python block, or a ```{code-block} python one after its options (``:caption: orders/models.py``).
+PYTHON_BLOCK = re.compile(
+    r"^```(?:python|\{code-block\} python)\n(?::[\w-]+:[^\n]*\n)*\n?(.*?)^```", re.DOTALL | re.MULTILINE
+)
 
 
 def edges(dot: str) -> set[tuple[str, str, str]]:
@@ -59,6 +62,11 @@ def test_every_python_block_of_a_page_compiles(page):
         ast.parse(block, filename=str(page))
 
 
+def test_the_python_blocks_pattern_finds_captioned_blocks():
+    tutorial = PYTHON_BLOCK.findall((DOCS / "tutorial.md").read_text())
+    assert len(tutorial) == 5 and tutorial[1].startswith("from django.db import models")
+
+
 FIRST_PERSON = re.compile(r"\bI\b(?![/.])|\b(?i:my|we|our|ours|us)\b")  # "I", not "I/O"
 COMMIT_HASH = re.compile(r"`[0-9a-f]{7,40}`")
 
@@ -78,4 +86,18 @@ def test_the_readme_is_a_front_page_under_300_lines():
     linked = set(re.findall(r"\]\(docs/([\w/-]+)\.md\)", readme))
     guides = {str(page.relative_to(DOCS).with_suffix("")) for page in PAGES}
     assert linked <= guides, linked - guides
-    assert {"steps", "signals", "fan-out", "schedules", "tasks", "operating", "dispatcher", "testing"} <= linked
+    assert {
+        "tutorial",
+        "starting",
+        "steps",
+        "async",
+        "flow-control",
+        "signals",
+        "fan-out",
+        "schedules",
+        "tasks",
+        "operating",
+        "dispatcher",
+        "testing",
+        "reference/settings",
+    } <= linked

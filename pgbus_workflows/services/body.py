@@ -48,8 +48,9 @@ def start_body(workflow: RunHandle, context: StepContext) -> StepOutcome | Await
     """Call the step body: its outcome, or, for an ``async def`` body, its coroutine still to await.
 
     The dispatcher awaits that coroutine on its event loop (``dispatcher.coroutines``), so it
-    holds no thread; what ``self`` reads from the database (the subject, the outputs) is read
-    here first, as inside the coroutine Django refuses a query that is not awaited. Never raises.
+    holds no thread; what ``self`` reads from the database (the subject, the outputs, the step's
+    key) is read here first, as inside the coroutine Django refuses a query that is not awaited.
+    Never raises.
     """
     step = context.step
     definition = type(workflow).step_definition(step.step_name)
@@ -63,7 +64,7 @@ def start_body(workflow: RunHandle, context: StepContext) -> StepOutcome | Await
         return _settled(workflow, context, None, error)
     if not inspect.isawaitable(value):
         return _settled(workflow, context, value, None)
-    for name in ("subject", "outputs"):
+    for name in ("subject", "outputs", "step_idempotency_key"):
         getattr(workflow, name, None)
     run = workflow.record
     return Awaiting(

@@ -37,3 +37,5 @@ class StepContext:
     fan_out: bool = False
     #: What a fan-out body passed to ``output()``.
     kept_output: Any = None
+    #: ``step_idempotency_key``, once read (an ``async def`` body's is read before it starts).
+    idempotency_key: str | None = None

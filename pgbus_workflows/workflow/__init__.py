@@ -242,12 +242,20 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
 
     @property
     def outputs(self) -> dict[str, Any]:
-        """Step name -> the output of its latest successful attempt."""
+        """Step name -> the output of its latest successful attempt.
+
+        An attempt that ran under a name its step was renamed from (``renamed_from``) is under
+        the step's name in this code, so a later step reads it by the name it knows.
+        """
         if self._outputs is None:
             from ..models import WorkflowStep  # deferred: this module loads before the app registry
 
             rows = WorkflowStep.objects.filter(run_id=self.record.pk, outcome="success").order_by("id")
-            self._outputs = dict(rows.values_list("step_name", "output"))
+            outputs = {}
+            for name, output in rows.values_list("step_name", "output"):
+                definition = type(self).step_definition(name)
+                outputs[(definition.name if definition is not None else "") or name] = output
+            self._outputs = outputs
         return self._outputs
 
     def fan_out_results(self, step_name: str) -> Iterator[Any]:

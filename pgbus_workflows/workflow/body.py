@@ -14,7 +14,7 @@ from ..exceptions import NotInStep
 from ..services.context import FlowControl, StepContext
 
 if TYPE_CHECKING:
-    from ..models import WorkflowRun, WorkflowSignal
+    from ..models import WorkflowRun, WorkflowSignal, WorkflowStep
 
 __all__ = ["FlowControl", "StepBody", "StepContext"]
 
@@ -32,9 +32,26 @@ class StepBody:
 
     @property
     def step_idempotency_key(self) -> str:
-        """A key stable across the reattempts of this step in this run."""
-        step = self._step_context("step_idempotency_key").step
-        return f"{self.record.workflow_id}:{step.step_name}"
+        """``<workflow_id>:<step name>``: the same for every attempt of this step in this run.
+
+        The name is the one the step's first attempt in this run had: a step renamed
+        (``renamed_from``) while a run was on it keeps, in that run, its earlier attempts' key.
+        """
+        context = self._step_context("step_idempotency_key")
+        if context.idempotency_key is None:
+            context.idempotency_key = f"{self.record.workflow_id}:{self._first_name(context.step)}"
+        return context.idempotency_key
+
+    def _first_name(self, step: WorkflowStep) -> str:
+        """The name of the step's first attempt in this run, among the step's names (its own, ``renamed_from``)."""
+        definition = self.step_definition(step.step_name)  # type: ignore[attr-defined]  # Workflow's
+        if definition is None or not definition.renamed_from:
+            return step.step_name
+        from ..models import WorkflowStep  # deferred: this module loads before the app registry
+
+        names = (definition.name, *definition.renamed_from)
+        attempts = WorkflowStep.objects.filter(run_id=self.record.pk, step_name__in=names)
+        return attempts.order_by("pk").values_list("step_name", flat=True).first() or step.step_name
 
     @property
     def attempt(self) -> int:

@@ -116,6 +116,62 @@ def test_a_run_scheduled_on_the_old_name_is_claimed_and_runs_the_renamed_body():
     assert wf.reload().status == "finished"
 
 
+class RenamedCharge(Workflow):
+    """``capture`` was called ``charge``: its key must not change when a run on it is reattempted."""
+
+    name = "deploy_renamed_charge"
+
+    @step(renamed_from="charge", on_exception="reattempt")
+    def capture(self):
+        SideEffect.objects.create(label=f"key:{self.attempt}", key=self.step_idempotency_key)
+        if self.attempt == 1:
+            raise ConnectionError("the provider hung up")
+        return {"charged_with": self.step_idempotency_key}
+
+    @step
+    def receipt(self):
+        return {"receipt_for": self.outputs["capture"]["charged_with"]}  # by the name this code knows
+
+
+def test_a_step_renamed_while_a_run_was_on_it_keeps_its_key_across_reattempts():
+    wf = RenamedCharge.start()
+    schedule_as_old_code(wf, "charge")  # scheduled by the code before the rename
+    drain()
+
+    assert wf.reload().status == "finished"
+    names = list(WorkflowStep.objects.filter(run_id=wf.record.pk).order_by("pk").values_list("step_name", flat=True))
+    assert names == ["charge", "capture", "receipt"]  # the reattempt is scheduled under the new name
+    keys = dict(SideEffect.objects.values_list("label", "key"))
+    assert keys == {"key:1": f"{wf.workflow_id}:charge", "key:2": f"{wf.workflow_id}:charge"}
+    assert wf.outputs["receipt"] == {"receipt_for": f"{wf.workflow_id}:charge"}
+
+
+class RenamedAsyncCharge(Workflow):
+    """The same rename with an ``async def`` body: its key is read before the coroutine starts."""
+
+    name = "deploy_renamed_async_charge"
+
+    @step(renamed_from="charge")
+    async def capture(self):
+        return {"key": self.step_idempotency_key}
+
+
+def test_an_async_body_renamed_while_a_run_was_on_it_reads_its_first_name_key_and_its_output_has_the_new_name():
+    wf = RenamedAsyncCharge.start()
+    schedule_as_old_code(wf, "charge")
+    drain()
+
+    assert wf.reload().status == "finished"
+    assert wf.outputs["capture"] == {"key": f"{wf.workflow_id}:charge"}
+
+
+def test_a_run_started_after_the_rename_keys_the_step_by_its_new_name():
+    wf = RenamedCharge.start()
+    drain()
+
+    assert set(SideEffect.objects.values_list("key", flat=True)) == {f"{wf.workflow_id}:capture"}
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -95,7 +95,8 @@ class WorkflowSettings:
     POLL_INTERVAL: timedelta
     #: How often a dispatcher writes its heartbeat.
     HEARTBEAT_INTERVAL: timedelta
-    #: A dispatcher silent this long is dead: the sweep stalls the steps it held.
+    #: A dispatcher silent this long is dead: the sweep stalls the steps it held. One whose LISTEN session
+    #: is gone (a killed process) is dead once silent for two heartbeat intervals.
     DISPATCHER_DEAD_AFTER: timedelta
     #: The LISTEN/NOTIFY channel dispatchers wake on (at most 63 bytes, check E010).
     NOTIFY_CHANNEL: str

@@ -19,7 +19,7 @@ from psycopg import sql as psql
 
 from .. import sql
 from ..conf import settings
-from ..sql.session import connection_params, probe_listen
+from ..sql.session import connection_params, hold_liveness_lock, probe_listen
 from .waker import Waker
 from .wakeups import Wakeups, dispatchers_channel
 
@@ -31,12 +31,19 @@ class Listener:
 
     def __init__(
         self,
+        name: str,
         queues: frozenset[str] | None,
         wakeups: Wakeups,
         stopping: threading.Event,
         wake: Waker,
         regroup: threading.Event,
     ) -> None:
+        #: The dispatcher's name: its session holds the liveness lock of that name.
+        self.name = name
+        #: Whether the LISTEN connection is a session of its own (its probe came back).
+        self.session = False
+        #: Whether the current connection holds the liveness lock (the heartbeat writes it on the row).
+        self.holds_lock = False
         self.queues = queues
         self.wakeups = wakeups
         self.stopping = stopping
@@ -57,7 +64,8 @@ class Listener:
                         conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(name)))
                     if not probed:
                         probed = True
-                        if probe_listen(conn, channel):
+                        self.session = probe_listen(conn, channel)
+                        if self.session:
                             if settings.PREPARED_STATEMENTS:  # a session of our own: they are safe
                                 sql.prepare_statements(conn)
                         else:
@@ -72,6 +80,7 @@ class Listener:
                     backoff = 0.5
                     self.hear(conn, group)
             except psycopg.Error as error:
+                self.holds_lock = False  # the session, and its lock, are gone
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", str(error).strip(), backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -85,6 +94,8 @@ class Listener:
         """
         deferred: float | None = None  # when a follower's deferred wake-up is due (time.monotonic())
         while not self.stopping.is_set():
+            if self.session and not self.holds_lock:  # again each round: a sweep may be testing it
+                self.holds_lock = hold_liveness_lock(conn, self.name)
             if deferred is None:
                 notes = conn.notifies(timeout=1.0, stop_after=1)
             else:

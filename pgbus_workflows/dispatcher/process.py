@@ -37,7 +37,7 @@ from ..sql import clock
 from ..states import StepStatus
 from .listener import Listener
 from .scheduler import ScheduleLeader
-from .sweep import Sweeper
+from .sweep import Sweeper, lost_sessions
 from .waker import Waker, stop_signals
 from .wakeups import Wakeups, announce
 from .workers import WorkerPool
@@ -82,6 +82,8 @@ class WorkflowDispatcher:
         self.wakeups = Wakeups(self.name, self.queues)
         #: Set when a dispatcher joined or left: the heartbeat thread elects again at once.
         self._regroup = threading.Event()
+        #: Set by the heartbeat when a dispatcher's session is gone: the sweep runs now, not at its interval.
+        self._sweep_soon = threading.Event()
         self._announced = False
         #: None with ``--no-schedules``: this process never fires schedule ticks.
         self.schedule_leader = ScheduleLeader(self.name, self._stopping) if schedules else None
@@ -104,7 +106,7 @@ class WorkflowDispatcher:
         self._swept = False
         self._threads: dict[str, threading.Thread] = {}
         #: The LISTEN thread: wakes the loop on a NOTIFY for a served queue (``listener``).
-        self.listener = Listener(self.queues, self.wakeups, self._stopping, self._wake, self._regroup)
+        self.listener = Listener(self.name, self.queues, self.wakeups, self._stopping, self._wake, self._regroup)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -133,7 +135,8 @@ class WorkflowDispatcher:
         if not self.once:
             if self.sweep:
                 every = settings.SWEEP_INTERVAL.total_seconds()
-                self._start_thread("pgbus-sweep", partial(self._every, "Sweep", every, self.sweeper.run))
+                sweep = partial(self._every, "Sweep", every, self.sweeper.run, self._sweep_soon)
+                self._start_thread("pgbus-sweep", sweep)
             if sql.postgresql() and not self.sweep_only:
                 self._start_thread("pgbus-listener", self.listener.run)
             if self.schedule_leader is not None:
@@ -157,6 +160,7 @@ class WorkflowDispatcher:
         self._stopping.set()
         self._wake.set()
         self._regroup.set()
+        self._sweep_soon.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM/SIGINT: the loop stops (the first), or the process exits at once (the second).
@@ -191,6 +195,7 @@ class WorkflowDispatcher:
                 "catalog": catalog(),
                 "started_at": now,
                 "heartbeat_at": now,
+                "session_lock": self.listener.holds_lock,
             },
         )
 
@@ -199,13 +204,16 @@ class WorkflowDispatcher:
         thread.start()
 
     def _heartbeat(self) -> None:
+        now = clock.now()
         updated = Dispatcher.objects.filter(name=self.name).update(
-            heartbeat_at=clock.now(), workers_alive=self.pool.alive()
+            heartbeat_at=now, workers_alive=self.pool.alive(), session_lock=self.listener.holds_lock
         )
         if not updated and not self._stopping.is_set():
             logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
             self._register()
         self.wakeups.elect()
+        if self.sweep and not self.once and lost_sessions(now):
+            self._sweep_soon.set()
         if not self._announced and self.pool.size:
             announce(self.name)  # the others elect again now, not at their next heartbeat
             self._announced = True

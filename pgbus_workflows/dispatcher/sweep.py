@@ -4,7 +4,10 @@ Every ``SWEEP_INTERVAL`` (phases run in this order, each on its own, so one fail
 is logged and retried next time without stopping the others):
 
 - ``dead_dispatchers``: a dispatcher whose heartbeat is older than ``DISPATCHER_DEAD_AFTER``
-  is dead; its in-progress steps get ``STALL_ACTION`` at once (detection ``dead_dispatcher``).
+  is dead, and so is one whose LISTEN session is gone with its heartbeat two intervals old
+  (:func:`lost_sessions`: a killed process, told within seconds; the heartbeat thread then
+  runs the sweep at once); its in-progress steps get ``STALL_ACTION`` (detection
+  ``dead_dispatcher``).
 - ``stalled``: an in-progress step past its ``stall_at`` (started + ``timeout=`` or
   ``STALL_THRESHOLD``) gets ``STALL_ACTION`` (detection ``stall_at``).
 - ``gravestones``: a waiting run parked in a step the code replaced by ``removed_step()``
@@ -54,7 +57,7 @@ from ..services.schedules import delete_expired_schedule_events
 from ..services.stuck import gauge
 from ..services.waiting import expire_due_waits
 from ..sql import clock
-from ..sql.session import TransactionLock
+from ..sql.session import TransactionLock, liveness_lock_free
 from ..states import StepStatus
 
 logger = logging.getLogger("pgbus_workflows")
@@ -69,21 +72,49 @@ CLEANUP_BATCHES = 10
 SWEEP_LOCK_KEY = 0x7067627573
 
 
+def session_grace() -> timedelta:
+    """How stale the heartbeat of a dispatcher whose session is gone must be before it counts as dead.
+
+    Two heartbeats: a LISTEN connection that reconnects lets its lock go for a moment, while
+    its process, alive, goes on heartbeating (never longer than ``DISPATCHER_DEAD_AFTER``).
+    """
+    return min(2 * settings.HEARTBEAT_INTERVAL, settings.DISPATCHER_DEAD_AFTER)
+
+
+def lost_sessions(now: datetime) -> list[str]:
+    """Dispatchers whose LISTEN session is gone (its liveness lock free) and heartbeat a little stale.
+
+    A killed process's connections are closed by its kernel, so the server frees the lock at
+    once; a machine lost without a word keeps the session open until TCP gives up, and is
+    told by its heartbeat's age alone (``DISPATCHER_DEAD_AFTER``).
+    """
+    if not sql.postgresql():
+        return []
+    recently = now - session_grace()
+    silent = Dispatcher.objects.filter(session_lock=True, heartbeat_at__lt=recently).order_by("name")
+    return [name for name in silent.values_list("name", flat=True) if liveness_lock_free(name)]
+
+
 def stall_dead_dispatchers(now: datetime, failures: RowFailures | None = None) -> int:
-    """Stall the in-progress steps of dispatchers whose heartbeat stopped; forget those dispatchers."""
+    """Stall the in-progress steps of dispatchers that are gone; forget those dispatchers.
+
+    Gone: the heartbeat is older than ``DISPATCHER_DEAD_AFTER``, or the LISTEN session is gone
+    and the heartbeat a little stale (:func:`lost_sessions`).
+    """
     failures = failures or RowFailures()
     cutoff = now - settings.DISPATCHER_DEAD_AFTER
-    dead = list(Dispatcher.objects.filter(heartbeat_at__lt=cutoff).values_list("name", flat=True))
+    silent = set(Dispatcher.objects.filter(heartbeat_at__lt=cutoff).values_list("name", flat=True))
+    dead = dict.fromkeys(silent, cutoff) | {name: now - session_grace() for name in lost_sessions(now)}
     stalled = 0
-    for name in dead:
+    for name, since in sorted(dead.items()):
         steps = WorkflowStep.objects.filter(status=StepStatus.IN_PROGRESS, claimed_by=name)
         rows = steps.exclude(pk__in=failures.passed_over("dead_dispatchers")).order_by("pk")
         stalled += _stall_each(rows, "dead_dispatchers", now, failures)
         stalled += recover_jobs(now, dead=[name], failures=failures)
         jobs = FanOutJob.objects.filter(status=JobStatus.RUNNING, claimed_by=name)
         if not steps.exists() and not jobs.exists():
-            Dispatcher.objects.filter(name=name, heartbeat_at__lt=cutoff).delete()
-            logger.warning("Dispatcher %s stopped heartbeating: forgotten", name)
+            Dispatcher.objects.filter(name=name, heartbeat_at__lt=since).delete()
+            logger.warning("Dispatcher %s is gone: forgotten", name)
     return stalled
 
 

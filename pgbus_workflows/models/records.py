@@ -170,6 +170,9 @@ class Dispatcher(models.Model):
     catalog = models.JSONField(_("catalog"), default=dict, db_default={}, blank=True)
     started_at = models.DateTimeField(_("started at"), default=timezone.now)
     heartbeat_at = models.DateTimeField(_("heartbeat at"), default=timezone.now)
+    #: Its LISTEN session holds the advisory lock of its name (``sql.session.hold_liveness_lock``):
+    #: once that lock is free and the heartbeat a little stale, the process is gone.
+    session_lock = models.BooleanField(_("session lock"), default=False, db_default=False)
 
     class Meta:
         verbose_name = _("dispatcher")

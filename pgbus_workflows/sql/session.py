@@ -11,6 +11,10 @@ different server connections:
 - LISTEN needs a session. :func:`probe_listen` checks that the connection really receives what is
   sent to it (a probe NOTIFY to itself); through a transaction-mode pool it does not, and
   the dispatcher says so once and relies on its ``POLL_INTERVAL`` poll.
+- Only a LISTEN connection that passed the probe, a session of its own, holds its
+  dispatcher's *liveness lock* (:func:`hold_liveness_lock`, session-level): the server frees it
+  when the session ends, as it does when the process is killed, so :func:`liveness_lock_free`
+  tells a dead dispatcher long before its heartbeat is ``DISPATCHER_DEAD_AFTER`` old.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+import zlib
 from typing import Any
 
 import psycopg
@@ -29,6 +34,8 @@ logger = logging.getLogger("pgbus_workflows")
 
 #: How long the LISTEN probe waits for its own notification.
 PROBE_SECONDS = 2.0
+#: The first key of every dispatcher's liveness lock ("pgwd"); the second is its name's.
+LIVENESS_NAMESPACE = 0x70677764
 
 
 def connection_params() -> dict[str, Any]:
@@ -104,3 +111,26 @@ def probe_listen(conn: Any, channel: str) -> bool:
             if note.payload == probe:
                 return True
     return False
+
+
+def liveness_key(name: str) -> int:
+    """The second key of dispatcher ``name``'s liveness lock: its name's CRC-32 as a signed 32-bit integer.
+
+    Two names of one key would make a dead dispatcher look alive while the other lives: its
+    death is then told by its heartbeat's age alone, as without the lock.
+    """
+    return zlib.crc32(name.encode()) - 2**31
+
+
+def hold_liveness_lock(conn: Any, name: str) -> bool:
+    """Take dispatcher ``name``'s liveness lock for the life of ``conn``'s session; False when another holds it."""
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LIVENESS_NAMESPACE, liveness_key(name)]).fetchone()
+    return bool(row and row[0])
+
+
+def liveness_lock_free(name: str) -> bool:
+    """Whether no session holds dispatcher ``name``'s liveness lock (tried, and let go at once, on Django's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LIVENESS_NAMESPACE, liveness_key(name)])
+        row = cursor.fetchone()
+    return bool(row and row[0])

@@ -75,12 +75,15 @@ class Listener:
                                 "Point dispatchers at PostgreSQL directly or at a session-mode pool.",
                                 channel,
                             )
+                    if self.session:
+                        self.holds_lock = hold_liveness_lock(conn, self.name)
                     self.wake.set()  # anything sent while we were away
-                    self.regroup.set()
+                    self.regroup.set()  # and the heartbeat, run now, writes whether the lock is held
                     backoff = 0.5
                     self.hear(conn, group)
             except psycopg.Error as error:
                 self.holds_lock = False  # the session, and its lock, are gone
+                self.regroup.set()  # the heartbeat says so on the row now
                 logger.warning("LISTEN connection lost (%s); reconnecting in %.1fs", str(error).strip(), backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -94,8 +97,10 @@ class Listener:
         """
         deferred: float | None = None  # when a follower's deferred wake-up is due (time.monotonic())
         while not self.stopping.is_set():
-            if self.session and not self.holds_lock:  # again each round: a sweep may be testing it
+            if self.session and not self.holds_lock:  # again each round: a sweep may have been testing it
                 self.holds_lock = hold_liveness_lock(conn, self.name)
+                if self.holds_lock:
+                    self.regroup.set()
             if deferred is None:
                 notes = conn.notifies(timeout=1.0, stop_after=1)
             else:

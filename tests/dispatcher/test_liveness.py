@@ -6,6 +6,7 @@ both the lock free and the heartbeat two intervals old, and a row that never hel
 (older code, a pool in transaction mode, SQLite) is judged by its heartbeat alone.
 """
 
+import threading
 from datetime import timedelta
 
 import psycopg
@@ -13,6 +14,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from pgbus_workflows.dispatcher.process import WorkflowDispatcher
 from pgbus_workflows.dispatcher.sweep import Sweeper, lost_sessions, session_grace
 from pgbus_workflows.models import Dispatcher, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
@@ -92,3 +94,33 @@ def test_one_session_holds_a_name_and_the_lock_is_free_again_when_it_ends():
     eventually(lambda: liveness_lock_free("d-1"), timeout=30, what="the lock to go with its session")
     assert liveness_key("d-1") != liveness_key("d-2")
     assert -(2**31) <= liveness_key("d-1") < 2**31
+
+
+class _RecordingRegroup(threading.Event):
+    """The heartbeat's early wake-up, noting whether the listener held its lock each time it was set."""
+
+    def __init__(self, listener_of):
+        super().__init__()
+        self.listener_of = listener_of
+        self.held_when_set: list[bool] = []
+
+    def set(self):
+        self.held_when_set.append(self.listener_of().holds_lock)
+        super().set()
+
+
+def test_the_listener_holds_its_lock_before_it_wakes_the_heartbeat_that_writes_so():
+    """Else a dispatcher killed before its next heartbeat would be told dead by that heartbeat's age alone."""
+    dispatcher = WorkflowDispatcher(concurrency=1, schedules=False)
+    listener = dispatcher.listener
+    listener.regroup = regroup = _RecordingRegroup(lambda: listener)
+    thread = threading.Thread(target=listener.run)
+    thread.start()
+    try:
+        eventually(lambda: regroup.held_when_set, timeout=30, what="the listener to wake the heartbeat")
+    finally:
+        dispatcher._stopping.set()
+        thread.join(10)
+        dispatcher._wake.close()
+    assert listener.session  # a direct connection: the probe came back
+    assert regroup.held_when_set[0] is True

@@ -51,13 +51,3 @@ def test_a_killed_dispatchers_step_is_reattempted_by_another_long_before_dead_af
     assert [(a.outcome, a.claimed_by == name) for a in attempts] == [("stalled", True), ("success", False)]
     assert not Dispatcher.objects.filter(name=name).exists()
     assert "is gone: forgotten" in survivor.output()
-
-
-def test_a_dispatcher_writes_that_its_session_holds_the_lock_at_once_not_at_its_next_heartbeat(dispatchers):
-    """A dispatcher killed in its first heartbeat interval must be told dead by its session too."""
-    dispatchers("--concurrency", "1", "--no-sweep", settings={"HEARTBEAT_INTERVAL": 300, "POLL_INTERVAL": 0.2})
-    eventually(
-        lambda: Dispatcher.objects.filter(session_lock=True).exists(),
-        timeout=60,  # its first heartbeat is at its start, before its LISTEN; the next one would be 300 s on
-        what="the row to say its session holds the lock",
-    )

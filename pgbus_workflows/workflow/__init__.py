@@ -251,10 +251,13 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
             from ..models import WorkflowStep  # deferred: this module loads before the app registry
 
             rows = WorkflowStep.objects.filter(run_id=self.record.pk, outcome="success").order_by("id")
+            current: dict[str, str] = {}  # each row's step name -> the step's name in this code
             outputs = {}
             for name, output in rows.values_list("step_name", "output"):
-                definition = type(self).step_definition(name)
-                outputs[(definition.name if definition is not None else "") or name] = output
+                if name not in current:
+                    definition = type(self).step_definition(name)
+                    current[name] = (definition.name if definition is not None else "") or name
+                outputs[current[name]] = output
             self._outputs = outputs
         return self._outputs
 

@@ -6,6 +6,7 @@ dispatcher resolves the fan-out, although ``STALL_THRESHOLD`` is an hour.
 """
 
 import pytest
+from django.db import connection
 
 from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
@@ -19,6 +20,22 @@ pytestmark = pytest.mark.django_db(transaction=True)
 FAST = {"SWEEP_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 0.5, "DISPATCHER_DEAD_AFTER": 2, "POLL_INTERVAL": 0.2}
 
 
+def end_waiting_sessions(held: HeldRun) -> None:
+    """End the killed dispatcher's session, still waiting for the run's lock on the server.
+
+    A backend waiting for a lock does not read from its client, so PostgreSQL notices the
+    client gone only later (``client_connection_check_interval`` is off by default): left
+    there, it would take the lock once the test lets it go and run what the dead process had
+    already sent. The test is about the resolution that never came, so the session ends here.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+    eventually(lambda: held.waiters() == 0, what="the killed dispatcher's session to end")
+
+
 def test_a_dispatcher_killed_between_the_last_end_and_the_resolution_leaves_it_to_the_next_sweep(dispatchers):
     wf = FanDrain.start(count=1)
     step = run_next(wf)  # parked: its job is pending
@@ -30,6 +47,7 @@ def test_a_dispatcher_killed_between_the_last_end_and_the_resolution_leaves_it_t
         )
         eventually(held.waiters, what="the dispatcher's resolution to wait for the run's lock")
         victim.kill()
+        end_waiting_sessions(held)
     finally:
         held.release()
 

@@ -21,13 +21,12 @@ django.setup()
 project = "pgbus-workflows"
 author = "the pgbus-workflows authors"
 copyright = "the pgbus-workflows authors"  # noqa: A001 (Sphinx's name)
-extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.graphviz", "pgbus_docs", "pgbus_reference"]
+extensions = ["myst_parser", "sphinx.ext.autodoc", "pgbus_docs", "pgbus_reference"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "_ext"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-graphviz_output_format = "svg"
 html_theme = "furo"
 html_title = "pgbus-workflows"

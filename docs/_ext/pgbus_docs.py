@@ -1,7 +1,10 @@
 """Pages drawn from the code when the docs are built, so they cannot drift from it.
 
 - ``{pgbus-state-machine} run`` (or ``step``, ``job``, ``signal``): the transitions of
-  ``pgbus_workflows.states`` as a Graphviz diagram (``sphinx.ext.graphviz``, SVG).
+  ``pgbus_workflows.states`` as a diagram: an SVG file drawn by Graphviz and kept beside the
+  pages (``docs/explanation/states/``), so the build needs no Graphviz; the file carries the
+  digest of the source it was drawn from, and a build whose ``states.py`` says otherwise
+  fails, naming ``python docs/_ext/pgbus_docs.py`` (which draws them anew, with Graphviz).
 - ``{pgbus-command} workflows``: a management command's help, and each subcommand's, as its
   parser prints them.
 """
@@ -9,14 +12,25 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.application import Sphinx
-from sphinx.ext.graphviz import graphviz
 from sphinx.util.docutils import SphinxDirective
+
+MACHINES = ("run", "step", "job", "signal")
+#: Where the drawn diagrams are kept, one ``<machine>.svg`` each.
+DIAGRAMS = Path(__file__).resolve().parents[1] / "explanation" / "states"
+#: The first line of a drawn diagram: its machine and the digest of the Graphviz source.
+DIGEST_LINE = re.compile(r"<!-- pgbus-state-machine (\w+) sha256:([0-9a-f]{64}) -->")
 
 
 def _edges(machine: str) -> tuple[list[str], list[tuple[str, str, str]]]:
@@ -66,6 +80,37 @@ def state_machine_dot(machine: str) -> str:
     return "\n".join(lines)
 
 
+def source_digest(machine: str) -> str:
+    """The SHA-256 of :func:`state_machine_dot` of ``machine``: what a drawn diagram must carry."""
+    return hashlib.sha256(state_machine_dot(machine).encode()).hexdigest()
+
+
+def stale_diagrams() -> list[str]:
+    """The machines whose kept diagram is missing or was drawn from another source than ``states.py`` gives."""
+    stale = []
+    for machine in MACHINES:
+        path = DIAGRAMS / f"{machine}.svg"
+        first = path.read_text().split("\n", 1)[0] if path.exists() else ""
+        found = DIGEST_LINE.fullmatch(first)
+        if found is None or found.groups() != (machine, source_digest(machine)):
+            stale.append(machine)
+    return stale
+
+
+def draw_diagrams() -> None:
+    """Draw every machine's diagram with Graphviz's ``dot`` into :data:`DIAGRAMS` (its digest on the first line)."""
+    if shutil.which("dot") is None:
+        raise SystemExit("drawing the state diagrams needs Graphviz's dot: apt-get install graphviz")
+    DIAGRAMS.mkdir(exist_ok=True)
+    for machine in MACHINES:
+        drawn = subprocess.run(
+            ["dot", "-Tsvg"], input=state_machine_dot(machine), capture_output=True, text=True, check=True
+        ).stdout
+        body = drawn[drawn.index("<svg") :]  # without the XML declaration and doctype: the digest line comes first
+        line = f"<!-- pgbus-state-machine {machine} sha256:{source_digest(machine)} -->"
+        (DIAGRAMS / f"{machine}.svg").write_text(f"{line}\n{body}")
+
+
 class StateMachine(SphinxDirective):
     """``{pgbus-state-machine} run|step|job|signal``: that machine, drawn from ``states.py``."""
 
@@ -74,15 +119,21 @@ class StateMachine(SphinxDirective):
 
     def run(self) -> list[Any]:
         machine = self.arguments[0]
-        if machine not in ("run", "step", "job", "signal"):
+        if machine not in MACHINES:
             raise self.error(f"pgbus-state-machine: unknown machine {machine!r} (run, step, job or signal)")
-        node = graphviz()
-        node["code"] = state_machine_dot(machine)
-        node["options"] = {"docname": self.env.docname}
-        node["alt"] = f"The {machine} state machine of pgbus_workflows.states"
-        if "caption" in self.options:
-            node["caption"] = self.options["caption"]
-        return [node]
+        if machine in stale_diagrams():
+            raise self.error(
+                f"pgbus-state-machine: docs/explanation/states/{machine}.svg was not drawn from today's "
+                "states.py: run python docs/_ext/pgbus_docs.py (it needs Graphviz's dot) and commit the files"
+            )
+        self.env.note_dependency(str(DIAGRAMS / f"{machine}.svg"))
+        alt = f"The {machine} state machine of pgbus_workflows.states"
+        image = nodes.image(uri=f"/explanation/states/{machine}.svg", alt=alt)
+        if "caption" not in self.options:
+            return [image]
+        figure = nodes.figure("", image)
+        figure += nodes.caption(self.options["caption"], self.options["caption"])
+        return [figure]
 
 
 def command_help(name: str) -> list[tuple[str, str]]:
@@ -122,7 +173,16 @@ class CommandHelp(SphinxDirective):
 
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directives."""
-    app.setup_extension("sphinx.ext.graphviz")
     app.add_directive("pgbus-state-machine", StateMachine)
     app.add_directive("pgbus-command", CommandHelp)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # python docs/_ext/pgbus_docs.py: draw the diagrams anew
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    import django
+
+    django.setup()
+    draw_diagrams()
+    print(f"drew {', '.join(MACHINES)} into {DIAGRAMS}")

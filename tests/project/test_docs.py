@@ -17,7 +17,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 DOCS = REPOSITORY / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 
-from pgbus_docs import command_help, state_machine_dot  # noqa: E402  (the docs' own extension)
+from pgbus_docs import command_help, stale_diagrams, state_machine_dot  # noqa: E402  (the docs' own extension)
 
 PAGES = sorted(DOCS.rglob("*.md"))
 #: A ```python block, or a ```{code-block} python one after its options (``:caption: orders/models.py``).
@@ -47,6 +47,26 @@ def test_only_the_states_with_no_way_out_are_drawn_as_terminal():
     dot = state_machine_dot("run")
     terminal = set(re.findall(r'"(\w+)" \[label="\w+", peripheries=2\]', dot))
     assert terminal == {str(s) for s in states.TERMINAL_RUN}
+
+
+def test_the_kept_diagrams_were_drawn_from_the_tables_states_py_has_today():
+    # The docs build draws nothing (no Graphviz needed): it shows the SVG files kept in
+    # docs/explanation/states/, which carry the digest of the source they were drawn from.
+    assert stale_diagrams() == [], "run python docs/_ext/pgbus_docs.py (with Graphviz's dot) and commit the SVGs"
+
+
+def test_a_diagram_drawn_from_other_tables_is_found_stale(tmp_path, monkeypatch):
+    import pgbus_docs
+
+    for machine in pgbus_docs.MACHINES:
+        (tmp_path / f"{machine}.svg").write_text((pgbus_docs.DIAGRAMS / f"{machine}.svg").read_text())
+    job = (tmp_path / "job.svg").read_text()
+    digest = re.search(r"sha256:(\w+)", job).group(1)
+    (tmp_path / "job.svg").write_text(job.replace(digest, "0" * 64, 1))  # drawn from another source
+    monkeypatch.setattr(pgbus_docs, "DIAGRAMS", tmp_path)
+    assert stale_diagrams() == ["job"]
+    (tmp_path / "run.svg").unlink()
+    assert stale_diagrams() == ["run", "job"]
 
 
 def test_the_cli_reference_has_every_subcommand_of_the_parser():

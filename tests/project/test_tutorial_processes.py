@@ -31,7 +31,7 @@ BLOCK = re.compile(r"^```(\{code-block\} python|console)\n(.*?)^```$", re.DOTALL
 NOT_RUN = {
     "python -m venv .venv",
     "source .venv/bin/activate",
-    'pip install django "psycopg[binary]" pgbus-workflows',
+    'pip install django "psycopg[binary]" ../pgbus-workflows',
     "python manage.py createsuperuser",
     "python manage.py runserver",
 }

@@ -46,7 +46,7 @@ from .services.schedules import sync_declared
 from .services.waiting import fire_timeout, waiting_step
 from .sql import clock
 from .states import RunStatus, StepStatus
-from .workflow import Workflow
+from .workflow import Workflow, handle_for
 
 ACTOR = "test_helpers"
 #: Rounds of firing :func:`tick_schedules` makes at most (each fires up to 100 ticks a schedule).
@@ -215,7 +215,7 @@ class WorkflowTestMixin:
         if step is None or step.fan_out_total is None:
             raise TestHelperError(f"{workflow!r} is not waiting on a fan-out")
         for child in _children_of(step):
-            self._run_to_end(Workflow.find(child.workflow_id), workflow)
+            self._run_to_end(handle_for(child), workflow)
         while True:
             pending = list(FanOutJob.objects.filter(step_id=step.pk, status=JobStatus.PENDING).order_by("index"))
             if not pending:

@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, overload
 
 from django.utils.module_loading import import_string
 
@@ -25,7 +25,6 @@ DEFAULT_STEP_MAX_REATTEMPTS = 100
 
 Duration = timedelta | int | float
 WaitSpec = Duration | Callable[[int], Duration] | None
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: The longest queue name the steps table stores (``varchar(255)``).
 MAX_QUEUE_LENGTH = 255
@@ -313,7 +312,13 @@ FAN_OUT_OPTIONS = frozenset(
 )
 
 
-def step(func: F | None = None, /, **options: Any) -> Any:
+@overload
+def step(func: Callable[..., Any], /) -> StepDefinition: ...
+@overload
+def step(func: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], StepDefinition]: ...
+def step(
+    func: Callable[..., Any] | None = None, /, **options: Any
+) -> StepDefinition | Callable[[Callable[..., Any]], StepDefinition]:
     """Declare a step: ``@step`` or ``@step(wait=..., skip_if=..., on_exception=...)``.
 
     Steps run in definition order. See the README for every option.
@@ -337,7 +342,13 @@ def removed_step() -> StepDefinition:
     return StepDefinition(name="", func=None, kind="removed")
 
 
-def fan_out(func: F | None = None, /, **options: Any) -> Any:
+@overload
+def fan_out(func: Callable[..., Any], /) -> StepDefinition: ...
+@overload
+def fan_out(func: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], StepDefinition]: ...
+def fan_out(
+    func: Callable[..., Any] | None = None, /, **options: Any
+) -> StepDefinition | Callable[[Callable[..., Any]], StepDefinition]:
     """Declare a fan-out step: its body returns an iterable of :class:`Job`, run in parallel.
 
     ``@fan_out(max_attempts=3, backoff=timedelta(seconds=5), on_job_failure="fail")``. The

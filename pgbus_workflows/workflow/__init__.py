@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from django.core.exceptions import ValidationError
 
@@ -53,7 +53,7 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
     steps = _StepsAccessor()
 
     @classmethod
-    def start(cls, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> Any:
+    def start(cls, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> Self:
         """Start a run about ``subject`` with JSON ``arguments``; returns its handle.
 
         Raises :class:`AlreadyRunning` when the subject has an ongoing run; with an
@@ -63,10 +63,10 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         """
         from ..services.start import start_run  # deferred: this module loads before the app registry
 
-        return start_run(cls, subject, idempotency_key=idempotency_key, arguments=arguments)
+        return cast(Self, start_run(cls, subject, idempotency_key=idempotency_key, arguments=arguments))
 
     @classmethod
-    def started_by(cls, actor: str, reason: str | None = None) -> Starter:
+    def started_by(cls, actor: str, reason: str | None = None) -> Starter[Self]:
         """Who starts runs and why: ``Cls.started_by("support:ann", reason="ticket 4411").start(user)``.
 
         The returned :class:`~pgbus_workflows.workflow.starter.Starter` has :meth:`start`,
@@ -78,7 +78,7 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         return Starter(cls, actor, reason)
 
     @classmethod
-    def start_many(cls, items: Iterable[Model | Mapping[str, Any] | None]) -> list[Any]:
+    def start_many(cls, items: Iterable[Model | Mapping[str, Any] | None]) -> list[Self]:
         """Start one run per item, in one transaction, with one ``INSERT`` per table; returns the handles.
 
         An item is a subject (a saved model instance, or None) or a mapping with any of
@@ -89,7 +89,7 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         """
         from ..services.start import start_runs  # deferred: this module loads before the app registry
 
-        return start_runs(cls, items)
+        return cast(list[Self], start_runs(cls, items))
 
     @classmethod
     def add_schedule(
@@ -129,7 +129,7 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         return add_schedule(cls, schedule, start_at=start_at, actor=actor)
 
     @classmethod
-    def find(cls, workflow_id: Any) -> Any:
+    def find(cls, workflow_id: Any) -> Self | None:
         """The run with this workflow id as a handle of its class, or None.
 
         ``Workflow.find`` finds any run (a run whose class is gone loads as a bare
@@ -268,11 +268,11 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         self.require_step(step_name)
         return results(self.record, step_name)
 
-    def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Workflow:
+    def rerun(self, *, actor: str | None = None, reason: str | None = None) -> Self:
         """Start a new run of a finished or cancelled run's class, subject and arguments."""
         from ..services import operator  # deferred: this module loads before the app registry
 
-        return handle_for(operator.rerun(self.record.pk, actor=actor, reason=reason))
+        return cast(Self, handle_for(operator.rerun(self.record.pk, actor=actor, reason=reason)))
 
     @property
     def parent(self) -> Workflow | None:

@@ -11,7 +11,7 @@ call of the server meanwhile), and closes the connection it opened there when it
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
 from django.db import connections
@@ -28,15 +28,17 @@ class AsyncCalls:
     """
 
     @classmethod
-    async def astart(cls, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> Any:
+    async def astart(
+        cls, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any
+    ) -> Self:
         """:meth:`Workflow.start`, awaited."""
         start = cls.start  # type: ignore[attr-defined]
-        return await sync_to_async(start)(subject, idempotency_key=idempotency_key, **arguments)
+        return await sync_to_async(start)(subject, idempotency_key=idempotency_key, **arguments)  # type: ignore[no-any-return]
 
     @classmethod
-    async def afind(cls, workflow_id: Any) -> Any:
+    async def afind(cls, workflow_id: Any) -> Self | None:
         """:meth:`Workflow.find`, awaited."""
-        return await sync_to_async(cls.find)(workflow_id)  # type: ignore[attr-defined]
+        return await sync_to_async(cls.find)(workflow_id)  # type: ignore[attr-defined,no-any-return]
 
     @classmethod
     async def asignal_for(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 
@@ -20,15 +20,17 @@ if TYPE_CHECKING:
 
     from ..services.handle import RunHandle
 
+W = TypeVar("W", bound="RunHandle")
+
 #: The longest reason a start may give (as the admin's reason field).
 MAX_START_REASON_LENGTH = 2000
 
 
 @dataclass(frozen=True)
-class Starter:
+class Starter(Generic[W]):
     """Starts runs of ``workflow`` recording ``actor`` and ``reason`` (see :meth:`Workflow.started_by`)."""
 
-    workflow: type[RunHandle]
+    workflow: type[W]
     actor: str
     reason: str | None = None
 
@@ -46,11 +48,11 @@ class Starter:
                 f"started_by() reason must be at most {MAX_START_REASON_LENGTH} characters, got {len(self.reason)}"
             )
 
-    def start(self, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> Any:
+    def start(self, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> W:
         """:meth:`Workflow.start`, with this actor and reason on the run's ``started`` event."""
         from ..services.start import start_run  # deferred: this module loads before the app registry
 
-        return start_run(
+        started = start_run(
             self.workflow,
             subject,
             idempotency_key=idempotency_key,
@@ -58,15 +60,14 @@ class Starter:
             actor=self.actor,
             reason=self.reason,
         )
+        return cast(W, started)
 
-    async def astart(
-        self, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any
-    ) -> Any:
+    async def astart(self, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> W:
         """:meth:`start`, awaited (as :meth:`Workflow.astart`)."""
         return await sync_to_async(self.start)(subject, idempotency_key=idempotency_key, **arguments)
 
-    def start_many(self, items: Iterable[Model | Mapping[str, Any] | None]) -> list[Any]:
+    def start_many(self, items: Iterable[Model | Mapping[str, Any] | None]) -> list[W]:
         """:meth:`Workflow.start_many`, with this actor and reason on every run's ``started`` event."""
         from ..services.start import start_runs  # deferred: this module loads before the app registry
 
-        return start_runs(self.workflow, items, (self.actor, self.reason))
+        return cast(list[W], start_runs(self.workflow, items, (self.actor, self.reason)))

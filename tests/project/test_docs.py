@@ -121,3 +121,28 @@ def test_the_readme_is_a_front_page_under_300_lines():
         "testing",
         "reference/settings",
     } <= linked
+
+
+#: Public names of ``Workflow`` that the engine looks up and a project does not call.
+ENGINE_LOOKUPS = {
+    "known_step_names",
+    "name_given",
+    "next_step_after",
+    "removed_step_names",
+    "require_step",
+    "signal_names",
+    "step_definition",
+    "step_definitions",
+}
+
+
+def test_the_api_reference_lists_every_public_name_of_workflow_but_the_engines_look_ups():
+    page = (DOCS / "reference" / "api.md").read_text()
+    listed = re.search(r"autoclass:: pgbus_workflows\.Workflow\n   :members: (.*?)\n   :inherited-members:", page, re.S)
+    documented = {name.strip() for name in listed.group(1).split(",")}
+    from pgbus_workflows import Workflow
+
+    public = {name for name in dir(Workflow) if not name.startswith("_") and name not in dir(object)}
+    assert documented - public == set(), "the reference names what Workflow does not have"
+    assert public - documented - ENGINE_LOOKUPS == set(), "a new public name: document it, or call it a look-up"
+    assert documented & ENGINE_LOOKUPS == set()

@@ -10,6 +10,7 @@
             self.speedrun_workflow(wf)             # every step until the run is not ready
             self.deliver_signal(wf, "paid", {"amount": 42})   # signal, then the step it woke
             self.expire_wait(wf)                   # the waiting step's on_timeout applies now
+            self.advance(timedelta(days=2))        # a virtual clock: waits, timeouts, ticks come due
             self.complete_fan_out(wf)              # every job of the waiting fan-out runs, then it resolves
             self.assertWorkflowStatus(wf, "finished")
 
@@ -29,7 +30,7 @@ forward with ``run_now`` (recorded with actor ``test_helpers``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from asgiref.sync import sync_to_async
@@ -43,7 +44,7 @@ from .services.fanout import claim_job, execute_job
 from .services.firing import fire_due, next_due_at
 from .services.locks import locked_run
 from .services.schedules import sync_declared
-from .services.waiting import fire_timeout, waiting_step
+from .services.waiting import expire_due_waits, fire_timeout, waiting_step
 from .sql import clock
 from .states import RunStatus, StepStatus
 from .workflow import Workflow, handle_for
@@ -244,6 +245,37 @@ class WorkflowTestMixin:
             raise StepWaiting(f"Child {child!r} of {parent!r} {what}")
         raise TestHelperError(f"Child {child!r} of {parent!r} did not end after 1000 steps")
 
+    def advance(self, duration: timedelta | float) -> list[Workflow]:
+        """Let ``duration`` (a ``timedelta`` or seconds) pass on a virtual clock, with no sleeping.
+
+        Every time the engine reads in this process is that much later for the rest of the
+        test (undone when it ends): a wait or backoff that ends within it is due, so the next
+        :meth:`perform_next_step` runs it as it is (no ``run_now``); a wait for a signal whose
+        ``wait_timeout`` deadline passes gets its ``on_timeout`` now, as the dispatcher's sweep
+        would apply it; and the schedule ticks that fall within it fire, as the dispatcher's
+        leader would. Returns the handles of the runs those ticks started (their steps do not
+        run). A duration that is not a ``timedelta`` or a number raises ``TypeError``; one
+        that is not positive and finite, ``ValueError``.
+        """
+        if isinstance(duration, bool) or not isinstance(duration, timedelta | int | float):
+            raise TypeError(f"advance() takes a timedelta or a number of seconds, got {duration!r}")
+        try:
+            step = duration if isinstance(duration, timedelta) else timedelta(seconds=duration)
+        except (ValueError, OverflowError):  # NaN, infinity, beyond timedelta's range
+            raise ValueError(f"advance() takes a finite duration, got {duration!r}") from None
+        if step <= timedelta(0):
+            raise ValueError(f"advance() moves time forward: got {duration!r}")
+        if clock.skipped() == timedelta(0):
+            self.addCleanup(clock.stop_skipping)
+        clock.skip_ahead(step)
+        now = clock.now()
+        expire_due_waits(now)
+        return tick_schedules(now)
+
+    async def aadvance(self, duration: timedelta | float) -> list[Workflow]:
+        """:meth:`advance`, awaited."""
+        return await sync_to_async(self.advance)(duration)
+
     def tick_schedules(self, now: datetime | None = None) -> list[Workflow]:
         """Fire the schedule ticks due as of ``now``; returns the handles started (:func:`tick_schedules`)."""
         return tick_schedules(now)
@@ -291,3 +323,4 @@ class WorkflowTestMixin:
             )
 
     failureException: type[BaseException]
+    addCleanup: Any  # noqa: N815 (unittest's name, given by the TestCase this mixes into)

@@ -9,6 +9,9 @@ this process's monotonic clock, which no clock step or skew of the host's wall c
 It is read again every :data:`REANCHOR_EVERY` seconds to follow the server's own adjustments.
 
 On SQLite the database runs in this process: its clock is this host's.
+
+The test helpers' virtual clock (``WorkflowTestMixin.advance``) moves every later reading of
+this process ahead by what :func:`skip_ahead` added, until :func:`stop_skipping`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ REANCHOR_EVERY = 30.0
 _lock = threading.Lock()
 #: ``(server time, time.monotonic() at that server time)``, or None before the first reading.
 _anchor: tuple[datetime, float] | None = None
+#: Virtual time the test helpers let pass, added to every reading (:func:`skip_ahead`).
+_skipped = timedelta(0)
 
 
 def now() -> datetime:
@@ -41,8 +46,32 @@ def now() -> datetime:
         anchor = _read()
         mono = time.monotonic()
     if anchor is None:
-        return timezone.now()
-    return anchor[0] + timedelta(seconds=mono - anchor[1])
+        return timezone.now() + _skipped
+    return anchor[0] + timedelta(seconds=mono - anchor[1]) + _skipped
+
+
+def skip_ahead(by: timedelta) -> None:
+    """Move every later :func:`now` of this process ``by`` ahead: time passes with no sleeping (tests only).
+
+    The engine compares every deadline with :func:`now`, so waits, backoffs, signal timeouts
+    and schedule ticks that end within ``by`` are due at once. Other processes (a dispatcher
+    started apart) keep the server's time.
+    """
+    global _skipped
+    with _lock:
+        _skipped += by
+
+
+def skipped() -> timedelta:
+    """How far :func:`skip_ahead` has moved this process's clock (zero: the server's time)."""
+    return _skipped
+
+
+def stop_skipping() -> None:
+    """Go back to the server's time: undo every :func:`skip_ahead` (the test helpers call it as a test ends)."""
+    global _skipped
+    with _lock:
+        _skipped = timedelta(0)
 
 
 def forget() -> None:

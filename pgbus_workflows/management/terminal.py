@@ -187,3 +187,26 @@ def _move(event: dict[str, Any]) -> str:
     if not event["to_status"]:
         return ""
     return f"{event['from_status'] or '-'} -> {event['to_status']}"
+
+
+def health_lines(report: dict[str, Any]) -> list[str]:
+    """``workflows health``: the verdict, its reasons and notes, then the dispatchers and the figures."""
+    lines = ["healthy" if report["healthy"] else "NOT HEALTHY"]
+    lines += [f"  - {reason}" for reason in report["reasons"]]
+    lines += [f"  note: {note}" for note in report["notes"]]
+    beats = [
+        {**beat, "alive": "yes" if beat["alive"] else "no", "age": f"{beat['heartbeat_age_seconds']:.0f} s"}
+        for beat in report["dispatchers"]
+    ]
+    columns = [("name", "DISPATCHER"), ("hostname", "HOST"), ("alive", "ALIVE"), ("age", "LAST BEAT")]
+    lines += ["", *(table(beats, columns) if beats else ["No dispatcher has registered."])]
+    oldest = report["oldest_due_seconds"]
+    stuck = ", ".join(f"{reason} {count}" for reason, count in report["stuck"].items())
+    lines += [
+        "",
+        f"oldest due step: {'nothing is due' if oldest is None else f'due for {oldest:.1f} s'}",
+        f"held back by limits: {report['held_back']}",
+        f"stuck runs: {stuck}",
+        f"failing schedules: {len(report['failing_schedules'])}",
+    ]
+    return lines

@@ -7,11 +7,13 @@
   from ``pg_class.reltuples`` and the column statistics ``ANALYZE`` keeps).
 - :func:`estimated_count`: exact up to a limit, the planner's estimate above it.
 - :func:`bounded_pair_counts`: rows per (class, status), each count stopping at a limit.
+- :func:`oldest_due_at`: when the longest-waiting due step became due, a few probes of the due index.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Model, QuerySet
@@ -90,3 +92,37 @@ def bounded_pair_counts(
             [limit + 1, classes, statuses],
         )
         return {(klass, status): n for klass, status, n in django_cursor.fetchall() if n}
+
+
+def oldest_due_at(now: datetime) -> datetime | None:
+    """The ``scheduled_at`` of the longest-waiting attempt due at ``now`` and not held (None: nothing is due).
+
+    On PostgreSQL, one probe of the due index (``pgbus_wf_step_due``: priority, ``held``,
+    ``scheduled_at``) per priority in use, as the claim reads it: the steps waiting for later
+    are never walked. Attempts held back by a limit count, as they are due.
+    """
+    from ..models import WorkflowStep  # deferred: the models import the sql package
+    from ..states import StepStatus
+
+    due = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=now)
+    if not postgresql():
+        return due.order_by("scheduled_at").values_list("scheduled_at", flat=True).first()
+    opts = WorkflowStep._meta
+    with cursor() as django_cursor:
+        quote = django_cursor.db.ops.quote_name
+        table = quote(opts.db_table)
+        status, held, priority, at = (
+            quote(opts.get_field(f).column)  # type: ignore[union-attr]
+            for f in ("status", "held", "priority", "scheduled_at")
+        )
+        scheduled = f"{status} = %s"
+        django_cursor.execute(
+            f"WITH RECURSIVE priorities(p) AS (SELECT MIN({priority}) FROM {table} WHERE {scheduled} "
+            f"UNION ALL SELECT (SELECT MIN({priority}) FROM {table} WHERE {scheduled} AND {priority} > priorities.p) "
+            "FROM priorities WHERE priorities.p IS NOT NULL) "
+            f"SELECT MIN((SELECT {at} FROM {table} WHERE {scheduled} AND {priority} = priorities.p AND NOT {held} "
+            f"AND {at} <= %s ORDER BY {at} LIMIT 1)) FROM priorities WHERE priorities.p IS NOT NULL",
+            [StepStatus.SCHEDULED, StepStatus.SCHEDULED, StepStatus.SCHEDULED, now],
+        )
+        row = django_cursor.fetchone()
+    return None if row is None else row[0]

@@ -71,7 +71,19 @@ def test_a_diagram_drawn_from_other_tables_is_found_stale(tmp_path, monkeypatch)
 
 def test_the_cli_reference_has_every_subcommand_of_the_parser():
     titles = [title for title, _text in command_help("workflows")]
-    for sub in ("list", "show", "pause", "resume", "cancel", "rerun", "run-now", "skip", "signal", "schedules"):
+    for sub in (
+        "list",
+        "show",
+        "health",
+        "pause",
+        "resume",
+        "cancel",
+        "rerun",
+        "run-now",
+        "skip",
+        "signal",
+        "schedules",
+    ):
         assert f"manage.py workflows {sub}" in titles
     assert "manage.py workflows schedules fire-now" in titles
 

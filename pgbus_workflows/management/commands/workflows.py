@@ -2,9 +2,10 @@
 
 ``list`` and ``show`` read; ``pause``, ``resume`` (``--at STEP``), ``cancel``, ``rerun``,
 ``run-now``, ``skip`` and ``signal`` call the admin's verbs on one or more runs, each
-reporting done or refused (exit 1 if any was refused). ``schedules list|pause|resume|fire-now``
-does the same for schedules (:mod:`pgbus_workflows.management.schedules`). ``--json`` prints one
-JSON document.
+reporting done or refused (exit 1 if any was refused). ``health`` gives the verdict of
+:mod:`pgbus_workflows.services.health` and its reasons (exit 1 when not healthy).
+``schedules list|pause|resume|fire-now`` does the same for schedules
+(:mod:`pgbus_workflows.management.schedules`). ``--json`` prints one JSON document.
 Who acts and what they may do: :mod:`pgbus_workflows.management.operating`.
 """
 
@@ -21,6 +22,7 @@ from ... import migrated
 from ...admin.forms import MAX_REASON_LENGTH
 from ...admin.operations import OPERATIONS
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
+from ...services.health import check_health
 from ...services.payload import encode_payload
 from ...services.signals import check_signal_input
 from ...services.stuck import STUCK_REASONS
@@ -35,7 +37,7 @@ from ..runs import (
     with_latest_attempt,
 )
 from ..schedules import SCHEDULE_VERBS, ScheduleCommands, add_schedule_commands
-from ..terminal import RUN_COLUMNS, run_page, table, to_json
+from ..terminal import RUN_COLUMNS, health_lines, run_page, table, to_json
 from .run_workflow_dispatcher import positive_int
 
 #: Subcommand -> the operator verb it calls (``resume --at`` calls ``resume_at``).
@@ -111,6 +113,13 @@ class Command(BaseCommand):
             help="print every value whole (by default long ones are cut at 60 characters)",
         )
 
+        commands.add_parser(
+            "health",
+            parents=[output],
+            help="is everything OK: the verdict and its reasons (exit 1 when not healthy)",
+            description=ACTING,
+        )
+
         helps = {
             "pause": "hold runs: a running step finishes, nothing new starts",
             "resume": "resume paused runs (--at STEP: at that step, now)",
@@ -142,6 +151,8 @@ class Command(BaseCommand):
                 self.show_run(options)
             elif options["subcommand"] == "schedules":
                 self.schedule_command(options)
+            elif options["subcommand"] == "health":
+                self.health(options)
             else:
                 self.operate(VERBS[options["subcommand"]], options)
         except (OperationalError, InterfaceError) as error:
@@ -206,6 +217,14 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from None
         page = show_page(operator, run, options["attempts"], options["events"], options["signals"])
         self.stdout.write(to_json(page) if options["json"] else "\n".join(run_page(page, options["full"])))
+
+    def health(self, options: dict[str, Any]) -> None:
+        """``health``: the verdict, its reasons and notes, the dispatchers and the figures; exit 1 when not healthy."""
+        self.viewer(options)
+        report = check_health().as_dict()
+        self.stdout.write(to_json(report) if options["json"] else "\n".join(health_lines(report)))
+        if not report["healthy"]:
+            raise CommandError(f"not healthy: {'; '.join(report['reasons'])}")
 
     def operate(self, verb: str, options: dict[str, Any]) -> None:
         """A verb on each run given: one line (or JSON object) per run; exit 1 if any was refused."""

@@ -1,0 +1,148 @@
+"""Health: one verdict and its reasons, for ``manage.py workflows health``, the health view and MCP.
+
+A read model: it writes nothing, and every read goes through indexes (the gauge's counts, one
+probe of the due index per priority, the small dispatchers and schedules tables), so an
+uptime check may call it every few seconds whatever the size of the history.
+
+Not healthy when: no dispatcher heartbeats within ``DISPATCHER_DEAD_AFTER``; a run is stalled
+(an attempt past its stall deadline), overdue (a step due for longer than ``STALL_THRESHOLD``)
+or has a fan-out whose jobs all ended without its resolution; a schedule's last tick failed.
+Worth a look but healthy: runs paused on an error, signal waits past
+``WAITING_VISIBILITY_THRESHOLD``, steps held back by their limits, dispatcher rows whose
+process is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F, Q
+
+from ..conf import settings
+from ..models import Dispatcher, WorkflowSchedule
+from ..sql import clock
+from ..sql.counting import oldest_due_at
+from .limiting import held_back_counts
+from .stuck import STUCK_REASONS, stuck_counts
+
+#: Stuck reasons that make the verdict "not healthy" (the others are notes).
+UNHEALTHY_STUCK = ("stalled", "overdue", "fan_out_unresolved")
+#: What each stuck reason means, for a reason's sentence.
+STUCK_WORDS = {
+    "stalled": "with an attempt past its stall deadline",
+    "overdue": "with a step due for longer than STALL_THRESHOLD",
+    "waiting_overdue": "waiting for a signal for longer than WAITING_VISIBILITY_THRESHOLD",
+    "paused_on_error": "paused on an error",
+    "fan_out_unresolved": "with a fan-out whose jobs all ended, not yet resolved",
+}
+
+
+@dataclass(frozen=True)
+class DispatcherBeat:
+    """One dispatcher row: its name, host, last heartbeat and whether that is recent enough to be alive."""
+
+    name: str
+    hostname: str
+    heartbeat_at: datetime
+    heartbeat_age_seconds: float
+    alive: bool
+
+
+@dataclass(frozen=True)
+class Health:
+    """The verdict (``healthy``), why not (``reasons``), what is worth a look (``notes``), and the figures."""
+
+    healthy: bool
+    reasons: list[str]
+    notes: list[str]
+    checked_at: datetime
+    dispatchers: list[DispatcherBeat]
+    #: Runs by stuck reason, every reason (zero included).
+    stuck: dict[str, int]
+    #: Seconds the longest-waiting due step has waited since it came due (None: nothing is due).
+    oldest_due_seconds: float | None
+    #: Due steps held back by a concurrency key or rate limit with no room.
+    held_back: int
+    #: Schedules whose last tick failed: ``{"workflow_class", "name", "last_error", "last_error_at"}``.
+    failing_schedules: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The whole report as JSON-ready values (datetimes as ISO 8601)."""
+        report: dict[str, Any] = _jsonable(asdict(self))
+        return report
+
+
+def check_health(now: datetime | None = None) -> Health:
+    """Read everything the verdict needs and give it, with its reasons and notes."""
+    now = now or clock.now()
+    beats = _beats(now)
+    stuck = dict.fromkeys(STUCK_REASONS, 0)
+    for (_klass, reason), count in stuck_counts(now).items():
+        stuck[reason] += count
+    due_at = oldest_due_at(now)
+    held = sum(held_back_counts(now).values())
+    failing = _failing_schedules()
+    reasons: list[str] = []
+    notes: list[str] = []
+    if not any(beat.alive for beat in beats):
+        last = max((beat.heartbeat_at for beat in beats), default=None)
+        since = "no dispatcher has registered" if last is None else f"the last heartbeat was at {last.isoformat()}"
+        reasons.append(f"no dispatcher is alive ({since})")
+    for reason in STUCK_REASONS:
+        if stuck[reason]:
+            sentence = f"{_runs(stuck[reason])} {STUCK_WORDS[reason]}"
+            (reasons if reason in UNHEALTHY_STUCK else notes).append(sentence)
+    for schedule in failing:
+        reasons.append(f"schedule {schedule['workflow_class']}/{schedule['name']} failed: {schedule['last_error']}")
+    if held:
+        notes.append(f"{held} due step{'s' if held != 1 else ''} held back by their limits")
+    gone = [beat.name for beat in beats if not beat.alive]
+    if gone and any(beat.alive for beat in beats):
+        notes.append(f"dispatcher rows whose process is gone: {', '.join(gone)}")
+    return Health(
+        healthy=not reasons,
+        reasons=reasons,
+        notes=notes,
+        checked_at=now,
+        dispatchers=beats,
+        stuck=stuck,
+        oldest_due_seconds=None if due_at is None else max((now - due_at).total_seconds(), 0.0),
+        held_back=held,
+        failing_schedules=failing,
+    )
+
+
+def _beats(now: datetime) -> list[DispatcherBeat]:
+    dead_after = settings.DISPATCHER_DEAD_AFTER
+    beats = []
+    for name, hostname, heartbeat_at in Dispatcher.objects.order_by("name").values_list(
+        "name", "hostname", "heartbeat_at"
+    ):
+        age = max((now - heartbeat_at).total_seconds(), 0.0)
+        beats.append(DispatcherBeat(name, hostname, heartbeat_at, age, now - heartbeat_at <= dead_after))
+    return beats
+
+
+def _failing_schedules() -> list[dict[str, Any]]:
+    """Enabled, unpaused schedules whose last error is newer than their last tick."""
+    failing = WorkflowSchedule.objects.filter(enabled=True, paused=False, last_error_at__isnull=False).filter(
+        Q(last_fired_at__isnull=True) | Q(last_error_at__gt=F("last_fired_at"))
+    )
+    fields = ("workflow_class", "name", "last_error", "last_error_at")
+    return [dict(zip(fields, row, strict=True)) for row in failing.order_by(*fields[:2]).values_list(*fields)]
+
+
+def _runs(count: int) -> str:
+    return f"{count} run{'s' if count != 1 else ''}"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    return value

@@ -50,6 +50,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "pgbus_workflows.E012": (EVERY_CHECK, "``ASYNC_CONCURRENCY`` is not an integer >= 0."),
     "pgbus_workflows.E013": (EVERY_CHECK, "A ``TASKS`` alias using the workflows backend has bad ``OPTIONS``."),
     "pgbus_workflows.E014": (EVERY_CHECK, "``MCP_WRITE_TOOLS`` or ``MCP_SHOW_PAYLOADS`` is not True or False."),
+    "pgbus_workflows.E015": (
+        EVERY_CHECK,
+        "A database router sends the reads or writes of the app's models to another database than ``default``.",
+    ),
     "pgbus_workflows.W001": (DATABASE_CHECK, "The default database is neither PostgreSQL nor SQLite."),
     "pgbus_workflows.W002": (EVERY_CHECK, "Several dispatchers heartbeat on one SQLite database: it takes one."),
     "pgbus_workflows.W003": (
@@ -164,6 +168,29 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
             id="pgbus_workflows.W001",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_routing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Every row of the app lives on the ``default`` database, where its own SQL (claims, locks) runs."""
+    from django.apps import apps
+    from django.db import DEFAULT_DB_ALIAS, router
+
+    errors: list[CheckMessage] = []
+    for model in apps.get_app_config("pgbus_workflows").get_models():
+        for what, alias in (("reads", router.db_for_read(model)), ("writes", router.db_for_write(model))):
+            if alias != DEFAULT_DB_ALIAS:
+                errors.append(
+                    Error(
+                        f"DATABASE_ROUTERS send the {what} of {model.__name__} to {alias!r}: pgbus_workflows "
+                        "keeps every row on the 'default' database, where its claims and row locks run.",
+                        hint="Have the routers return None (or 'default') for the pgbus_workflows app label; "
+                        "running runs over several databases: docs/explanation/past-one-primary.md.",
+                        obj=model,
+                        id="pgbus_workflows.E015",
+                    )
+                )
+    return errors
 
 
 @register(Tags.database)

@@ -37,7 +37,7 @@ def test_a_router_that_leaves_the_app_alone_is_fine():
 @override_settings(DATABASE_ROUTERS=[f"{__name__}.ReadsOnAReplica"])
 def test_a_router_that_sends_the_apps_reads_to_a_replica_is_an_error_for_each_model():
     errors = check_routing()
-    assert errors and all(isinstance(e, Error) and e.id == "pgbus_workflows.E015" for e in errors)
+    assert errors and all(isinstance(e, Error) and e.id == "pgbus_workflows.E016" for e in errors)
     run = next(e for e in errors if e.obj.__name__ == "WorkflowRun")
     assert "DATABASE_ROUTERS send the reads of WorkflowRun to 'replica'" in run.msg
     assert not any("writes" in e.msg for e in errors)

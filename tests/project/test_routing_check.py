@@ -1,4 +1,4 @@
-"""E015: the app's rows live on the ``default`` database; a router that sends them elsewhere is an error."""
+"""E016: the app's rows live on the ``default`` database; a router that sends them elsewhere is an error."""
 
 from django.core.checks import Error
 from django.test import override_settings

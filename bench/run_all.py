@@ -11,7 +11,9 @@ cost and latency, call-to-body latency at idle, dispatcher memory, and the same 
 Procrastinate unless ``--no-peers``); backlog steps/s with 1,000,000 finished runs in the
 tables against empty tables; the trickle behind 200,000 runs waiting days for their next
 step against one on empty tables (``bench.waiting``, paired); and idle latency behind 20,000
-paused runs whose steps are due against empty tables (``bench.waiting --paused``, paired).
+paused runs whose steps are due against empty tables (``bench.waiting --paused``, paired);
+then what each operation costs the primary, counted (``bench.capacity``: round trips,
+statements, commits, WAL bytes, the server's CPU), a second table.
 Steps/s are the median of three measurements. ``--quick``
 shrinks every size (a smoke run, not figures to publish).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from bench import rss
+from bench import capacity, rss
 from bench.common import drop_database, paired_median, pgbench_tps, recreate_database
 from bench.dispatch import median_throughput
 from bench.fanout import drain
@@ -92,6 +94,8 @@ def main() -> None:
     print_table(table)
     print()
     print(f"Backlog rows: concurrency {c} per dispatcher.")
+    print()
+    capacity.print_table(capacity.measure(100 if args.quick else capacity.DEFAULT_RUNS))
 
 
 if __name__ == "__main__":

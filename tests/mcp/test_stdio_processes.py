@@ -11,6 +11,7 @@ import select
 import subprocess
 import sys
 import tempfile
+from pathlib import PurePosixPath
 from typing import Any
 
 import anyio
@@ -23,6 +24,7 @@ from mcp.types import CallToolResult, Implementation
 from pgbus_workflows.conf import DEFAULTS
 from tests.management.test_cli import wid
 from tests.mcp.session import answered
+from tests.mcp.test_docs import client_configuration
 from tests.mcp.test_fitting import INSPECTOR_LINE, LARGE_PAYLOADS, SIGNALS, pending_signals
 from tests.mcp.test_server import READ_TOOLS, WRITE_TOOLS
 from tests.procs import ROOT, database_url
@@ -228,3 +230,20 @@ def test_a_show_run_of_12_mb_comes_as_one_line_within_the_cap_and_the_sdk_client
         for signal in page["pending_signals"]
         if isinstance(signal["payload"], str)
     ), stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_documented_client_configuration_starts_the_server_from_any_folder():
+    documented = client_configuration()
+    folder = str(PurePosixPath(documented["command"]).parents[2])
+    wf = ThreeSteps.start()
+    with tempfile.TemporaryDirectory() as elsewhere:
+        parameters = StdioServerParameters(
+            command=sys.executable,
+            args=[documented["args"][0].replace(folder, str(ROOT)), *documented["args"][1:]],
+            cwd=elsewhere,
+            env={"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database_url()},
+        )
+        names, [listed], stderr = session(parameters, [("list_runs", {})])
+    assert names == READ_TOOLS, stderr
+    assert [row["workflow_id"] for row in answered(listed)["runs"]] == [wid(wf)]

@@ -1,5 +1,6 @@
 """``docs/mcp.md`` keeps its promises: its client configuration starts the real command, its tools are the server's."""
 
+import ast
 import json
 import re
 from pathlib import PurePosixPath
@@ -44,7 +45,9 @@ def test_the_page_documents_every_tool_and_every_argument_the_server_offers():
 
 def test_the_page_names_the_settings_their_defaults_the_placeholder_and_the_marker_as_they_are():
     rows = dict(re.findall(r"^\| `(MCP_\w+)` \| `([^`]+)`", PAGE, re.M))
-    assert rows == {key: repr(value) for key, value in DEFAULTS.items() if key.startswith("MCP_")}
+    assert {key: ast.literal_eval(cell) for key, cell in rows.items()} == {
+        key: value for key, value in DEFAULTS.items() if key.startswith("MCP_")
+    }
     assert PLACEHOLDER in PAGE
     assert f"`{cut_marker(in_text({'n': 10, 'blob': 'x' * 120_000}))}`" in PAGE
     assert 'pip install "pgbus-workflows[mcp]"' in PAGE

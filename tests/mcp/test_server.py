@@ -20,8 +20,11 @@ from mcp.types import ServerCapabilities
 
 from pgbus_workflows.checks import check_settings
 from pgbus_workflows.conf import settings as wf_settings
+from pgbus_workflows.management.operating import Operator
 from pgbus_workflows.mcp import build_server
+from pgbus_workflows.mcp.acting import Acting
 from pgbus_workflows.mcp.arguments import MAX_LIMIT, MAX_PAGE
+from pgbus_workflows.mcp.server import READ_ONLY, Tools, offering
 from tests.mcp.session import answered, call_all, listed_tools, text
 from tests.procs import database_url
 from tests.testapp.workflows import ThreeSteps
@@ -157,3 +160,17 @@ def test_mcp_max_response_bytes_must_be_a_positive_integer_e006(settings, value)
     ]
     settings.PGBUS_WORKFLOWS = {"MCP_MAX_RESPONSE_BYTES": 4096}
     assert check_settings() == [] and wf_settings.MCP_MAX_RESPONSE_BYTES == 4096
+
+
+def broken(operator: Operator) -> dict:
+    """A tool whose body fails unexpectedly, its message quoting data."""
+    raise RuntimeError("bob@example.com")
+
+
+def test_an_unexpected_exception_is_a_tool_error_that_quotes_nothing_and_the_server_goes_on(caplog):
+    tools = Tools()
+    tools.add(broken, Acting(), READ_ONLY)
+    failed, again = call_all([("broken", {}), ("broken", {})], server=offering(tools))
+    assert (failed.is_error, text(failed)) == (True, "Error executing tool broken")
+    assert again.is_error
+    assert "Tool 'broken' raised an unexpected exception" in caplog.text

@@ -196,7 +196,7 @@ def test_a_show_run_of_12_mb_comes_as_one_line_within_the_cap_and_the_sdk_client
         wf = pending_signals()
     show = {"workflow_id": wid(wf), "signals": SIGNALS}
     parameters = server_parameters(settings=LARGE_PAYLOADS)
-    _initialized, line = exchange(
+    initialized, line = exchange(
         parameters,
         [
             {
@@ -213,6 +213,7 @@ def test_a_show_run_of_12_mb_comes_as_one_line_within_the_cap_and_the_sdk_client
             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "show_run", "arguments": show}},
         ],
     )
+    assert set(json.loads(initialized)["result"]["capabilities"]) == {"tools"}
     assert line.endswith(b"\n") and b"\n" not in line[:-1]
     assert len(line) <= DEFAULTS["MCP_MAX_RESPONSE_BYTES"] < INSPECTOR_LINE
     message = json.loads(line)

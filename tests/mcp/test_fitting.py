@@ -101,7 +101,11 @@ def test_show_run_of_a_hundred_large_signals_fits_the_cap_whole_and_valid_where_
     assert 0 < len(kept) < SIGNALS and len(kept) + len(cut) == SIGNALS
     assert all(payload["blob"] == "x" * PAYLOAD_CHARACTERS for payload in kept)
     assert set(cut) <= {cut_marker(in_text({"n": n, "blob": "x" * PAYLOAD_CHARACTERS})) for n in range(SIGNALS)}
-    assert page["run"]["workflow_id"] == wid(wf)
+    full = answered(uncut)
+    assert {**page, "pending_signals": None} == {**full, "pending_signals": None}
+    assert [{**signal, "payload": None} for signal in signals] == [
+        {**signal, "payload": None} for signal in full["pending_signals"]
+    ]
 
 
 @pytest.mark.django_db

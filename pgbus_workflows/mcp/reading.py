@@ -132,6 +132,7 @@ def show_run(
         raise ToolError(str(error)) from None
     page = show_page(operator, run, attempts, events, signals)
     page["run"]["paused_by"] = paused_by(run)
+    page["run"]["debounce_key_from"] = debounce_key_from(run)
     if page["held_back"] is not None:
         fixed = fixed_keys(run.workflow_class, page["held_back"]["step"])
         for hold in page["held_back"]["limits"]:
@@ -145,6 +146,15 @@ def paused_by(run: WorkflowRun) -> str | None:
         return None
     latest = WorkflowEvent.objects.filter(run_id=run.pk, to_status="paused", kind__in=PAUSING).order_by("-pk").first()
     return latest.kind if latest is not None else None
+
+
+def debounce_key_from(run: WorkflowRun) -> str | None:
+    """What the run's debounce key is built from: ``code`` (a string), ``subject``, ``arguments`` (a callable)."""
+    cls = registry.get(run.workflow_class)
+    if run.debounce_key is None or cls is None or cls.debounce is None:
+        return None
+    key = cls.debounce.key
+    return "arguments" if callable(key) else "subject" if key is None else "code"
 
 
 def fixed_keys(workflow_class: str, step_name: str) -> set[tuple[str, str]]:

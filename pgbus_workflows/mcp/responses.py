@@ -4,16 +4,17 @@ Every tool's result passes through :func:`response` (``server.BoundTool`` calls 
 tool), so a tool that returns a payload by mistake still hides it. Fields are recognised by
 name, at any depth:
 
-- always hidden: what is built from a run's data — its arguments, the keys computed from
-  them (``idempotency_key``, ``debounce_key``), an attempt's output, error message and
+- always hidden: what is built from a run's data — its arguments, its ``idempotency_key``
+  (the caller's, often computed from them), an attempt's output, error message and
   traceback, a signal's payload and key, an event's details, a schedule's last error;
 - a ``reason`` is hidden when the engine built it from an error's message (the events of
   :data:`ERROR_REASON_KINDS`), or when nothing beside it says who wrote it; an operator's or
   the application's reason for its own verb (a pause, a resume, a cancel) is shown, as its
   actor is;
 - a run's ``paused_reason`` likewise, by the kind of event that paused it (``paused_by``);
-- a limit's ``key`` is shown when the code fixes it (``fixed_key``), hidden when a callable
-  computed it from the run's arguments.
+- a limit's ``key`` is shown when the code fixes it (``fixed_key``), and a run's
+  ``debounce_key`` when the code or the subject gives it (``debounce_key_from``); either is
+  hidden when a callable computed it from the run's arguments, or when nothing says.
 
 Empty values stay as they are, so the assistant can tell "nothing" from "hidden".
 """
@@ -34,7 +35,6 @@ REDACTED_FIELDS = frozenset(
     {
         "arguments",  # a run's
         "idempotency_key",  # a run's or a signal's: often computed from the arguments or the payload
-        "debounce_key",  # a run's: computed from the arguments
         "output",  # an attempt's
         "error_message",  # an attempt's error, which often quotes its arguments
         "traceback",  # an attempt's, with the values of the frames' lines
@@ -73,6 +73,8 @@ def _hidden(row: dict[str, Any], key: str) -> bool:
         return row.get("paused_by") in ERROR_REASON_KINDS or not isinstance(row.get("paused_by"), str)
     if key == "key":
         return row.get("fixed_key") is not True
+    if key == "debounce_key":
+        return row.get("debounce_key_from") not in ("code", "subject")
     return False
 
 

@@ -20,6 +20,7 @@ from pgbus_workflows.mcp.server import READ_ONLY, Tools, offering
 from pgbus_workflows.services.claims import claim_due_steps
 from tests.management.test_cli import helpers, paused_on_error, wid
 from tests.mcp.session import answered, call, call_all, text
+from tests.testapp.models import Order
 from tests.testapp.workflows import Approval, ThreeSteps
 
 pytestmark = pytest.mark.django_db
@@ -146,6 +147,44 @@ class DebouncedNotice(Workflow):
     @step
     def send(self):
         return None
+
+
+class DigestNotice(Workflow):
+    """Debounced by a key the code fixes."""
+
+    name = "mcp_digest_notice"
+    debounce = Debounce(period=timedelta(hours=1), key="daily-digest")
+
+    @step
+    def send(self):
+        return None
+
+
+class OrderNotice(Workflow):
+    """Debounced by its subject (no key given)."""
+
+    name = "mcp_order_notice"
+    debounce = Debounce(period=timedelta(hours=1))
+
+    @step
+    def send(self):
+        return None
+
+
+def test_a_debounce_key_is_shown_when_the_code_or_the_subject_gives_it_and_hidden_when_the_arguments_do():
+    order = Order.objects.create()
+    computed, fixed, by_subject = (
+        DebouncedNotice.start(email="bob@example.com"),
+        DigestNotice.start(email="bob@example.com"),
+        OrderNotice.start(order),
+    )
+    runs = [page["run"] for page, _text in pages(computed, fixed, by_subject)]
+    assert [(run["debounce_key"], run["debounce_key_from"]) for run in runs] == [
+        (PLACEHOLDER, "arguments"),
+        ("daily-digest", "code"),
+        (f"testapp.order:{order.pk}", "subject"),
+    ]
+    assert redact({"debounce_key": "notice:bob@example.com"}) == {"debounce_key": PLACEHOLDER}
 
 
 def test_keys_computed_from_the_arguments_are_redacted_like_them_and_a_key_the_code_fixes_is_shown():

@@ -38,7 +38,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "pgbus_workflows.E003": (EVERY_CHECK, "A duration setting is neither seconds nor a ``timedelta``."),
     "pgbus_workflows.E004": (EVERY_CHECK, "A duration setting is zero or negative (``RETENTION`` may be 0 or None)."),
     "pgbus_workflows.E005": (EVERY_CHECK, "``STALL_ACTION`` is not reattempt, pause or cancel."),
-    "pgbus_workflows.E006": (EVERY_CHECK, "``MAX_PAYLOAD_SIZE``, ``BATCH_SIZE`` or ``MAX_CHILD_DEPTH`` is not >= 1."),
+    "pgbus_workflows.E006": (
+        EVERY_CHECK,
+        "``MAX_PAYLOAD_SIZE``, ``BATCH_SIZE``, ``MAX_CHILD_DEPTH`` or ``MCP_MAX_RESPONSE_BYTES`` is not >= 1.",
+    ),
     "pgbus_workflows.E007": (EVERY_CHECK, "``DEFAULT_QUEUE`` or ``NOTIFY_CHANNEL`` is not a non-empty string."),
     "pgbus_workflows.E008": (EVERY_CHECK, "``AUTODISCOVER_MODULE`` is neither a module name nor None."),
     "pgbus_workflows.E009": (EVERY_CHECK, "``MAX_STALLS`` is neither an integer >= 0 nor None."),
@@ -82,7 +85,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "pgbus_workflows.I001": (DATABASE_CHECK, "Ongoing runs parked on ``removed_step()`` steps: keep them until 0."),
 }
 
-_POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE", "MAX_CHILD_DEPTH")
+_POSITIVE_INTS = ("MAX_PAYLOAD_SIZE", "BATCH_SIZE", "MAX_CHILD_DEPTH", "MCP_MAX_RESPONSE_BYTES")
 _NON_EMPTY_STRINGS = ("DEFAULT_QUEUE", "NOTIFY_CHANNEL")
 #: The switches of ``manage.py workflows_mcp``: a string such as "false" would read as true.
 _MCP_SWITCHES = ("MCP_WRITE_TOOLS", "MCP_SHOW_PAYLOADS")

@@ -38,9 +38,11 @@ DEFAULTS: dict[str, Any] = {
     "MAX_CHILD_DEPTH": 10,
     "ASYNC_CONCURRENCY": 100,
     # manage.py workflows_mcp: whether the operator verbs are offered as tools at all, and
-    # whether tool results show payloads (arguments, outputs, error messages, signal payloads).
+    # whether tool results show payloads (arguments, outputs, error messages, signal payloads),
+    # and the most bytes one reply takes on the wire (1 MiB).
     "MCP_WRITE_TOOLS": False,
     "MCP_SHOW_PAYLOADS": False,
+    "MCP_MAX_RESPONSE_BYTES": 1024 * 1024,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` or ``0`` (keep forever).
@@ -123,9 +125,12 @@ class WorkflowSettings:
     #: Whether ``manage.py workflows_mcp`` offers the write tools (pause, resume, cancel, skip, resume at, run
     #: now, signal).
     MCP_WRITE_TOOLS: bool
-    #: Whether MCP tool results show payloads (arguments, outputs, error messages, signal payloads) instead of
-    #: redacting them.
+    #: Whether MCP tool results show payloads (arguments, outputs, error messages, signal payloads) and the keys
+    #: computed from them instead of redacting them.
     MCP_SHOW_PAYLOADS: bool
+    #: The most bytes one MCP tool reply takes on the wire (one stdio line): a larger answer has its largest
+    #: values cut, each replaced by a marker that says so.
+    MCP_MAX_RESPONSE_BYTES: int
 
     def __init__(self) -> None:
         #: The settings object the values were read from, and the values read so far.

@@ -4,7 +4,8 @@ Each body takes the :class:`~pgbus_workflows.management.operating.Operator` firs
 passes it), then the tool's arguments; its docstring is the tool's description. They read
 what ``manage.py workflows list|show`` and ``schedules list`` read (``management.runs``,
 ``management.schedules``), through the same indexes, and see what the operator may see: with
-``--as-user``, the runs and rows the admin would show that user.
+``--as-user``, the runs and rows the admin would show that user. A workflow class no code
+registers and no row names is a tool error in each of them, never an empty list.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Annotated, Any
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
+from ..dsl.declared import registry
+from ..dsl.limits import CONCURRENCY, RATE, Concurrency, declared_limits
 from ..management.operating import Operator, show_page
 from ..management.runs import (
     RunNotFound,
@@ -24,6 +27,7 @@ from ..management.runs import (
 )
 from ..management.runs import list_runs as matching_runs
 from ..management.schedules import ScheduleCommands, schedule_row
+from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule
 from ..services.insights import DEFAULT_WINDOW, WINDOWS, class_insights
 from ..services.stuck import STUCK_REASONS
 from .acting import viewing
@@ -40,6 +44,27 @@ from .arguments import (
     rows_of_page,
 )
 
+#: The event kinds that pause a run: the latest one says what its ``paused_reason`` is built from.
+PAUSING = ("paused", "step_failed", "step_stalled")
+
+
+def known(classes: list[str] | None) -> list[str]:
+    """``classes``, each registered by the code or named by a stored run or schedule; else a tool error naming it."""
+    unknown = [
+        name
+        for name in classes or []
+        if not registry.is_registered(name)
+        # One index probe each (at most MAX_CLASSES): a retired class may have millions of runs.
+        and not WorkflowRun.objects.filter(workflow_class=name).exists()
+        and not WorkflowSchedule.objects.filter(workflow_class=name).exists()
+    ]
+    if unknown:
+        names = ", ".join(repr(name) for name in sorted(set(unknown)))
+        raise ToolError(
+            f"No workflow class {names}: none is registered under that name, no run or schedule of it is stored"
+        )
+    return classes or []
+
 
 def runs_page(
     operator: Operator,
@@ -53,7 +78,7 @@ def runs_page(
 ) -> dict[str, Any]:
     """One page of the newest runs the operator may see that match every filter, and whether more match."""
     runs, more = matching_runs(
-        operator.runs(), classes=classes, statuses=statuses, stuck=stuck, subject=subject, limit=limit * page
+        operator.runs(), classes=known(classes), statuses=statuses, stuck=stuck, subject=subject, limit=limit * page
     )
     return {"runs": [run_row(run) for run in rows_of_page(runs, limit, page)], "page": page, "more": more}
 
@@ -105,7 +130,44 @@ def show_run(
         run = find_run(with_latest_attempt(operator.runs()), workflow_id)
     except RunNotFound as error:
         raise ToolError(str(error)) from None
-    return show_page(operator, run, attempts, events, signals)
+    page = show_page(operator, run, attempts, events, signals)
+    page["run"]["paused_by"] = paused_by(run)
+    page["run"]["debounce_key_from"] = debounce_key_from(run)
+    if page["held_back"] is not None:
+        fixed = fixed_keys(run.workflow_class, page["held_back"]["step"])
+        for hold in page["held_back"]["limits"]:
+            hold["fixed_key"] = (hold["kind"], hold["key"]) in fixed
+    return page
+
+
+def paused_by(run: WorkflowRun) -> str | None:
+    """The kind of the event that paused ``run`` (``paused``, ``step_failed``, ``step_stalled``); None unless paused."""
+    if not run.paused_reason:
+        return None
+    latest = WorkflowEvent.objects.filter(run_id=run.pk, to_status="paused", kind__in=PAUSING).order_by("-pk").first()
+    return latest.kind if latest is not None else None
+
+
+def debounce_key_from(run: WorkflowRun) -> str | None:
+    """What the run's debounce key is built from: ``code`` (a string), ``subject``, ``arguments`` (a callable)."""
+    cls = registry.get(run.workflow_class)
+    if run.debounce_key is None or cls is None or cls.debounce is None:
+        return None
+    key = cls.debounce.key
+    return "arguments" if callable(key) else "subject" if key is None else "code"
+
+
+def fixed_keys(workflow_class: str, step_name: str) -> set[tuple[str, str]]:
+    """``(kind, key)`` of the step's limits whose key the code fixes, not a callable of the run."""
+    cls = registry.get(workflow_class)
+    definition = cls.step_definition(step_name) if cls is not None else None
+    if definition is None:
+        return set()
+    return {
+        (CONCURRENCY if isinstance(limit, Concurrency) else RATE, limit.key)
+        for limit in declared_limits(cls, definition)
+        if isinstance(limit.key, str)
+    }
 
 
 def stuck_runs(
@@ -121,6 +183,7 @@ def stuck_runs(
     The page and limit apply to each reason's list.
     """
     viewing(operator)
+    known(workflow_class)
     reasons = [reason] if reason is not None else list(STUCK_REASONS)
     found = [
         {
@@ -147,6 +210,7 @@ def insights(operator: Operator, workflow_class: ClassName, window: WindowName =
     seconds) and its funnel (of the runs the window started, how many reached each step).
     """
     viewing(operator)
+    known([workflow_class])
     try:
         return class_insights(workflow_class, WINDOWS[window])
     except LookupError as error:
@@ -163,8 +227,9 @@ def list_schedules(
     disabled, class not registered), expression, next and last fire time.
     """
     schedules = ScheduleCommands(operator).schedules().order_by("workflow_class", "name", "pk")
-    if workflow_class:
-        schedules = schedules.filter(workflow_class__in=workflow_class)
+    classes = known(workflow_class)
+    if classes:
+        schedules = schedules.filter(workflow_class__in=classes)
     rows = list(schedules[: limit * page + 1])
     shown = rows_of_page(rows, limit, page)
     return {"schedules": [schedule_row(s) for s in shown], "page": page, "more": len(rows) > limit * page}

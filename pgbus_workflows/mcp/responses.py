@@ -1,11 +1,22 @@
-"""What a tool answers: JSON-ready values, with payloads redacted unless the settings show them.
+"""What a tool answers: JSON-ready values, redacted by what each value is built from unless the settings show them.
 
 Every tool's result passes through :func:`response` (``server.BoundTool`` calls it, never the
 tool), so a tool that returns a payload by mistake still hides it. Fields are recognised by
-name, at any depth: a run's arguments, an attempt's output and error message, a signal's
-payload, an event's details, and the reasons the engine writes an error's message into (a
-``step_failed`` event's, a run's ``paused_reason``). Empty values stay as they are, so the
-assistant can tell "nothing" from "hidden".
+name, at any depth:
+
+- always hidden: what is built from a run's data — its arguments, its ``idempotency_key``
+  (the caller's, often computed from them), an attempt's output, error message and
+  traceback, a signal's payload and key, an event's details, a schedule's last error;
+- a ``reason`` is hidden when the engine built it from an error's message (the events of
+  :data:`ERROR_REASON_KINDS`), or when nothing beside it says who wrote it; an operator's or
+  the application's reason for its own verb (a pause, a resume, a cancel) is shown, as its
+  actor is;
+- a run's ``paused_reason`` likewise, by the kind of event that paused it (``paused_by``);
+- a limit's ``key`` is shown when the code fixes it (``fixed_key``), and a run's
+  ``debounce_key`` when the code or the subject gives it (``debounce_key_from``); either is
+  hidden when a callable computed it from the run's arguments, or when nothing says.
+
+Empty values stay as they are, so the assistant can tell "nothing" from "hidden".
 """
 
 from __future__ import annotations
@@ -19,20 +30,21 @@ from ..management.terminal import ExactJSONEncoder
 #: What a redacted value reads as: it says how to show it.
 PLACEHOLDER = "[redacted: set PGBUS_WORKFLOWS['MCP_SHOW_PAYLOADS'] = True to show]"
 
-#: The fields that may hold user data, or an error's message that may quote it.
+#: The fields built from a run's data or an error's message, wherever they are.
 REDACTED_FIELDS = frozenset(
     {
         "arguments",  # a run's
+        "idempotency_key",  # a run's or a signal's: often computed from the arguments or the payload
         "output",  # an attempt's
         "error_message",  # an attempt's error, which often quotes its arguments
         "traceback",  # an attempt's, with the values of the frames' lines
         "last_error",  # a schedule's, an error's message
         "payload",  # a signal's
         "details",  # an event's
-        "reason",  # an event's: the engine writes an error's message there (step_failed, sweep_failed)
-        "paused_reason",  # a run's: the error's message when it paused on one
     }
 )
+#: The event kinds whose reason the engine writes an error's message into.
+ERROR_REASON_KINDS = frozenset({"step_failed", "sweep_failed"})
 
 
 def json_ready(value: Any) -> Any:
@@ -41,18 +53,29 @@ def json_ready(value: Any) -> Any:
 
 
 def redact(value: Any) -> Any:
-    """``value``, each non-empty field of :data:`REDACTED_FIELDS` at any depth replaced by :data:`PLACEHOLDER`."""
+    """``value`` with each non-empty field built from data replaced by :data:`PLACEHOLDER`, at any depth."""
     if isinstance(value, dict):
-        return {key: _redact_field(key, item) for key, item in value.items()}
+        return {key: PLACEHOLDER if _hidden(value, key) else redact(item) for key, item in value.items()}
     if isinstance(value, list):
         return [redact(item) for item in value]
     return value
 
 
-def _redact_field(key: str, value: Any) -> Any:
-    if key in REDACTED_FIELDS and value not in (None, "", {}, []):
-        return PLACEHOLDER
-    return redact(value)
+def _hidden(row: dict[str, Any], key: str) -> bool:
+    """Whether ``row[key]`` is built from data, judged by its name and by what its row says of its source."""
+    if row[key] in (None, "", {}, []):
+        return False
+    if key in REDACTED_FIELDS:
+        return True
+    if key == "reason":
+        return row.get("kind") in ERROR_REASON_KINDS or not isinstance(row.get("actor"), str)
+    if key == "paused_reason":
+        return row.get("paused_by") in ERROR_REASON_KINDS or not isinstance(row.get("paused_by"), str)
+    if key == "key":
+        return row.get("fixed_key") is not True
+    if key == "debounce_key":
+        return row.get("debounce_key_from") not in ("code", "subject")
+    return False
 
 
 def response(result: dict[str, Any]) -> dict[str, Any]:

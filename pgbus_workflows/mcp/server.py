@@ -1,8 +1,10 @@
 """The MCP server: the tools, their annotations, and the one path every call takes.
 
-A tool body (:mod:`.reading`, :mod:`.writing`) is a plain function of the operator and its
-arguments. :class:`BoundTool` is what the SDK registers: it shows the body's arguments to the
-client, and on each call it
+The server is the SDK's low-level ``Server`` with two handlers, ``tools/list`` and
+``tools/call``: it declares the ``tools`` capability and no other (no resources, no prompts,
+which it has none of). A tool body (:mod:`.reading`, :mod:`.writing`) is a plain function of
+the operator and its arguments. :class:`BoundTool` wraps it: the SDK's ``Tool`` reads the
+body's arguments from it (the schema the client sees, and their validation), and on each call it
 
 1. reads who acts (:class:`~.acting.Acting`, with the client's name from the request);
 2. runs the body in Django's one thread for synchronous code (``sync_to_async``), dropping a
@@ -10,32 +12,50 @@ client, and on each call it
    does around each request;
 3. turns the database being down or not migrated into a tool error of one line, as the CLI
    does, and a ``CommandError`` (``--as-user`` refused) into a tool error;
-4. passes the result through :func:`~.responses.response`, which redacts payloads.
+4. passes the result through :func:`~.responses.response`, which redacts payloads, and
+   :func:`~.fitting.fitted`, which sends it once, as JSON text, within ``MCP_MAX_RESPONSE_BYTES``.
 
-A tool error reaches the client as an ``isError`` result; an unexpected exception too (the SDK
-logs it on stderr): the server goes on serving either way.
+A tool error reaches the client as an ``isError`` result; an unexpected exception too (logged
+on stderr): the server goes on serving either way.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
 from asgiref.sync import sync_to_async
 from django.core.management.base import CommandError
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.stdio import stdio_server
+from mcp.types import (
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+    ToolAnnotations,
+)
+from mcp.types import Tool as ListedTool
 
 from .. import __version__, migrated
 from ..conf import settings
 from . import reading, writing
 from .acting import Acting, client_name
+from .fitting import fitted
 from .responses import response
+
+logger = logging.getLogger(__name__)
 
 #: A tool's body: the operator first, then the tool's arguments; its result, a dict for JSON.
 ToolBody = Callable[..., dict[str, Any]]
@@ -104,10 +124,10 @@ def database_errors() -> Iterator[None]:
 
 
 class BoundTool:
-    """A tool body as the SDK calls it: the body's arguments, after the request's context, and one path per call.
+    """A tool body as the SDK's ``Tool`` calls it: the body's arguments, after the request's context.
 
     The SDK reads the tool's arguments from ``__signature__``: the body's, with its
-    ``operator`` replaced by the request's context, which the SDK passes and the client never sees.
+    ``operator`` replaced by the request's context, which the server passes and the client never sees.
     """
 
     def __init__(self, body: ToolBody, acting: Acting) -> None:
@@ -122,12 +142,13 @@ class BoundTool:
             inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context),
             *(parameter.replace(annotation=hints[parameter.name]) for parameter in arguments),
         ]
-        self.__signature__ = inspect.Signature(parameters, return_annotation=dict[str, Any])
+        self.__signature__ = inspect.Signature(parameters, return_annotation=CallToolResult)
         self.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
 
-    async def __call__(self, ctx: Context, **arguments: Any) -> dict[str, Any]:
-        """Answer one call: the body's result, JSON-ready and redacted, or a tool error."""
-        return await sync_to_async(self.answer, thread_sensitive=True)(client_name(ctx), arguments)
+    async def __call__(self, ctx: Context, **arguments: Any) -> CallToolResult:
+        """Answer one call: the body's result, redacted, as JSON text within ``MCP_MAX_RESPONSE_BYTES``."""
+        answer = await sync_to_async(self.answer, thread_sensitive=True)(client_name(ctx), arguments)
+        return fitted(answer, settings.MCP_MAX_RESPONSE_BYTES, ctx.request_context.request_id)
 
     def answer(self, client: str | None, arguments: dict[str, Any]) -> dict[str, Any]:
         """Run the body for ``client`` (the MCP client's name) with ``arguments``; Django's thread for sync code."""
@@ -141,24 +162,86 @@ class BoundTool:
             fresh_connections()  # and after it, as after a request: no connection idles past CONN_MAX_AGE
 
 
-def add_tool(server: MCPServer, body: ToolBody, acting: Acting, annotations: ToolAnnotations) -> None:
-    """Register ``body`` as the tool of its name, bound to ``acting``, its description its docstring."""
-    tool = BoundTool(body, acting)
-    server.add_tool(tool, name=tool.__name__, description=tool.__doc__, annotations=annotations)
+def error_result(message: str) -> CallToolResult:
+    """A tool error as the client gets it: ``isError`` and the message."""
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def build_server(as_user: str | None = None) -> MCPServer:
+class Tools:
+    """The tools a server offers, by name: what ``tools/list`` lists and ``tools/call`` calls."""
+
+    def __init__(self) -> None:
+        """No tool yet."""
+        self.by_name: dict[str, Tool] = {}
+
+    def add(self, body: ToolBody, acting: Acting, annotations: ToolAnnotations) -> None:
+        """Offer ``body`` as the tool of its name, bound to ``acting``, its description its docstring."""
+        bound = BoundTool(body, acting)
+        tool = Tool.from_function(
+            bound, name=bound.__name__, description=bound.__doc__, annotations=annotations, structured_output=False
+        )
+        self.by_name[tool.name] = tool
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        """Every tool, with its arguments' schema and its annotations (no output schema: the answer is JSON text)."""
+        return ListToolsResult(
+            tools=[
+                ListedTool(
+                    name=tool.name,
+                    description=tool.description,
+                    input_schema=tool.parameters,
+                    annotations=tool.annotations,
+                )
+                for tool in self.by_name.values()
+            ]
+        )
+
+    async def call_tool(self, ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
+        """Call one tool: its answer, or a tool error (an unknown tool, arguments out of bounds, a refusal)."""
+        tool = self.by_name.get(params.name)
+        if tool is None:
+            return error_result(f"Unknown tool: {params.name}")
+        try:
+            result: CallToolResult = await tool.run(params.arguments or {}, Context(request_context=ctx))
+        except UnexpectedToolError:
+            logger.exception("Tool %r raised an unexpected exception", params.name)
+            return error_result(f"Error executing tool {params.name}")
+        except ToolError as error:
+            return error_result(str(error))
+        return result
+
+
+def build_server(as_user: str | None = None) -> Server[Any]:
     """The server: the read tools, and the write tools when ``MCP_WRITE_TOOLS`` is on; ``as_user`` acts if given."""
     acting = Acting(as_user)
-    server: MCPServer = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS, version=__version__)
+    tools = Tools()
     for body in READ_TOOLS:
-        add_tool(server, body, acting, READ_ONLY)
+        tools.add(body, acting, READ_ONLY)
     if settings.MCP_WRITE_TOOLS:
         for body, annotations in WRITE_TOOLS.items():
-            add_tool(server, body, acting, annotations)
-    return server
+            tools.add(body, acting, annotations)
+    return offering(tools)
+
+
+def offering(tools: Tools) -> Server[Any]:
+    """A server that offers ``tools`` and declares the ``tools`` capability, no other."""
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=tools.list_tools,
+        on_call_tool=tools.call_tool,
+    )
 
 
 def serve(as_user: str | None = None) -> None:
     """Serve the tools over stdio until the client closes the connection (stdout carries the protocol only)."""
-    build_server(as_user).run("stdio")
+    server = build_server(as_user)
+
+    async def run() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(run)

@@ -11,10 +11,10 @@ import pytest
 from django.test import override_settings
 
 from pgbus_workflows.mcp.arguments import MAX_LIMIT, MAX_PAGE
-from pgbus_workflows.models import WorkflowRun
+from pgbus_workflows.models import WorkflowRun, WorkflowSchedule
 from pgbus_workflows.services.stuck import STUCK_REASONS
 from tests.management.test_cli import finished, paused_on_error, ready, waiting, wid
-from tests.mcp.session import answer, call_all, text, tool_error
+from tests.mcp.session import answer, answered, call_all, text, tool_error
 from tests.support import VIEW, events_of, staff_user
 from tests.testapp.models import Order
 from tests.testapp.workflows import Approval, Ticked
@@ -183,7 +183,41 @@ def test_list_schedules_lists_them_by_class_and_name_with_their_state_and_pages(
     second = answer("list_schedules", {"limit": 1, "page": 2})
     assert ([row["id"] for row in second["schedules"]], second["more"]) == ([quarter.pk], False)
     assert answer("list_schedules", {"limit": 1})["more"] is True
-    assert answer("list_schedules", {"workflow_class": ["nope"]})["schedules"] == []
+    assert answer("list_schedules", {"workflow_class": ["ticked"]})["schedules"] != []
+
+
+# -- an unknown class ------------------------------------------------------------------------------
+
+UNKNOWN = (
+    "Error executing tool {}: No workflow class 'nope': none is registered under that name, "
+    "no run or schedule of it is stored"
+)
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("list_runs", {"workflow_class": ["three_steps", "nope"]}),
+        ("stuck_runs", {"workflow_class": ["nope"]}),
+        ("stuck_runs", {"workflow_class": ["nope"], "reason": "stalled"}),
+        ("insights", {"workflow_class": "nope"}),
+        ("list_schedules", {"workflow_class": ["nope", "ticked"]}),
+    ],
+)
+def test_every_tool_that_takes_a_class_refuses_one_no_code_registers_and_no_row_names(tool, arguments):
+    ready()
+    assert tool_error(tool, arguments) == UNKNOWN.format(tool)
+
+
+def test_a_class_the_code_no_longer_registers_is_known_by_its_stored_runs_and_schedules():
+    orphan = ready()
+    WorkflowRun.objects.filter(pk=orphan.record.pk).update(workflow_class="retired")
+    schedule = Ticked.add_schedule(cron="0 * * * *", name="hourly")
+    WorkflowSchedule.objects.filter(pk=schedule.pk).update(workflow_class="gone")
+    assert ids(workflow_class=["retired"]) == {wid(orphan)}
+    assert answer("stuck_runs", {"workflow_class": ["retired"], "reason": "stalled"})["stuck"][0]["runs"] == []
+    assert answer("insights", {"workflow_class": "retired"})["funnel"]["started"] == 1
+    assert [row["id"] for row in answer("list_schedules", {"workflow_class": ["gone"]})["schedules"]] == [schedule.pk]
 
 
 # -- who may read ----------------------------------------------------------------------------------
@@ -236,4 +270,4 @@ def test_the_server_keeps_serving_after_bad_calls():
     )
     assert [result.is_error for result in results] == [True] * 5 + [False]
     assert "Unknown tool: no_such_tool" in text(results[3])
-    assert results[-1].structured_content["run"]["workflow_id"] == wid(wf)
+    assert answered(results[-1])["run"]["workflow_id"] == wid(wf)

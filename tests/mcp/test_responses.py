@@ -7,17 +7,20 @@ redacts: the server does it, not the tools.
 """
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.test import override_settings
-from mcp.server.mcpserver import MCPServer
 
+from pgbus_workflows import Concurrency, Debounce, RateLimit, Workflow, step
 from pgbus_workflows.management.operating import Operator
 from pgbus_workflows.mcp.acting import Acting
 from pgbus_workflows.mcp.responses import PLACEHOLDER, REDACTED_FIELDS, redact
-from pgbus_workflows.mcp.server import READ_ONLY, add_tool
+from pgbus_workflows.mcp.server import READ_ONLY, Tools, offering
+from pgbus_workflows.services.claims import claim_due_steps
 from tests.management.test_cli import helpers, paused_on_error, wid
-from tests.mcp.session import call, call_all, text
+from tests.mcp.session import answered, call, call_all, text
+from tests.testapp.models import Order
 from tests.testapp.workflows import Approval, ThreeSteps
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +42,7 @@ def pages(*runs):
     """What the client receives for each run's show_run: (structured answer, text)."""
     results = call_all([("show_run", {"workflow_id": wid(wf)}) for wf in runs])
     assert not any(result.is_error for result in results), [text(result) for result in results]
-    return [(result.structured_content, text(result)) for result in results]
+    return [(answered(result), text(result)) for result in results]
 
 
 def test_by_default_arguments_outputs_errors_payloads_and_details_are_redacted():
@@ -91,17 +94,18 @@ def careless(operator: Operator) -> dict:
 
 
 def test_a_tool_that_forgets_about_payloads_still_has_them_redacted():
-    server = MCPServer("test")
-    add_tool(server, careless, Acting(), READ_ONLY)
+    tools = Tools()
+    tools.add(careless, Acting(), READ_ONLY)
+    server = offering(tools)
     result = call("careless", server=server)
-    assert result.structured_content == {
+    assert answered(result) == {
         "rows": [{"name": "a", "payload": PLACEHOLDER, "details": PLACEHOLDER}],
         "count": 1,
     }
     assert "s3cret-token" not in text(result) and "bob@example.com" not in text(result)
     with override_settings(PGBUS_WORKFLOWS={"MCP_SHOW_PAYLOADS": True}):
         shown = call("careless", server=server)
-    assert shown.structured_content["rows"][0]["payload"] == "s3cret-token"
+    assert answered(shown)["rows"][0]["payload"] == "s3cret-token"
 
 
 def test_redact_finds_the_fields_at_any_depth_and_leaves_the_rest():
@@ -116,3 +120,125 @@ def test_redact_finds_the_fields_at_any_depth_and_leaves_the_rest():
         "kept": ["payload", {"nested": {"error_message": PLACEHOLDER}}],
     }
     assert {"arguments", "output", "error_message", "payload", "details"} <= REDACTED_FIELDS
+
+
+# -- by what a value is built from -----------------------------------------------------------------
+
+
+class KeyedCharge(Workflow):
+    """Held back by a key computed from the run's arguments, and by a key the code fixes."""
+
+    name = "mcp_keyed_charge"
+    allow_multiple = True
+    step_options = {"queue": "mcp_keyed"}
+    concurrency = Concurrency(key=lambda wf: f"customer:{wf.arguments['email']}", limit=1)
+
+    @step(rate_limit=RateLimit("mcp-psp", limit=1, per=timedelta(hours=1)))
+    def charge(self):
+        return None
+
+
+class DebouncedNotice(Workflow):
+    """Debounced by a key computed from the run's arguments."""
+
+    name = "mcp_debounced_notice"
+    debounce = Debounce(period=timedelta(hours=1), key=lambda wf: f"notice:{wf.arguments['email']}")
+
+    @step
+    def send(self):
+        return None
+
+
+class DigestNotice(Workflow):
+    """Debounced by a key the code fixes."""
+
+    name = "mcp_digest_notice"
+    debounce = Debounce(period=timedelta(hours=1), key="daily-digest")
+
+    @step
+    def send(self):
+        return None
+
+
+class OrderNotice(Workflow):
+    """Debounced by its subject (no key given)."""
+
+    name = "mcp_order_notice"
+    debounce = Debounce(period=timedelta(hours=1))
+
+    @step
+    def send(self):
+        return None
+
+
+def test_a_debounce_key_is_shown_when_the_code_or_the_subject_gives_it_and_hidden_when_the_arguments_do():
+    order = Order.objects.create()
+    computed, fixed, by_subject = (
+        DebouncedNotice.start(email="bob@example.com"),
+        DigestNotice.start(email="bob@example.com"),
+        OrderNotice.start(order),
+    )
+    runs = [page["run"] for page, _text in pages(computed, fixed, by_subject)]
+    assert [(run["debounce_key"], run["debounce_key_from"]) for run in runs] == [
+        (PLACEHOLDER, "arguments"),
+        ("daily-digest", "code"),
+        (f"testapp.order:{order.pk}", "subject"),
+    ]
+    assert redact({"debounce_key": "notice:bob@example.com"}) == {"debounce_key": PLACEHOLDER}
+
+
+def test_keys_computed_from_the_arguments_are_redacted_like_them_and_a_key_the_code_fixes_is_shown():
+    KeyedCharge.start(email="bob@example.com")
+    held = KeyedCharge.start(email="bob@example.com")
+    assert len(claim_due_steps(10, queues=["mcp_keyed"], claimed_by="test")) == 1
+    debounced = DebouncedNotice.start(email="bob@example.com")
+    keyed = ThreeSteps.start(idempotency_key="order-bob@example.com")
+    signalled = Approval.start()
+    signalled.signal("approved", {}, idempotency_key="webhook-bob@example.com", actor="webhook")
+    (held_page, held_text), (debounced_page, _), (keyed_page, _), (signal_page, signal_text) = pages(
+        held, debounced, keyed, signalled
+    )
+    assert "bob@example.com" not in held_text + signal_text
+    assert held_page["held_back"]["limits"] == [
+        {"kind": "concurrency", "key": PLACEHOLDER, "limit": 1, "in_use": 1, "fixed_key": False},
+        {
+            "kind": "rate",
+            "key": "mcp-psp",
+            "limit": 1,
+            "per": "P0DT01H00M00S",
+            "next_token_at": held_page["held_back"]["limits"][1]["next_token_at"],
+            "fixed_key": True,
+        },
+    ]
+    assert debounced_page["run"]["debounce_key"] == PLACEHOLDER
+    assert keyed_page["run"]["idempotency_key"] == PLACEHOLDER
+    assert [s["idempotency_key"] for s in signal_page["pending_signals"]] == [PLACEHOLDER]
+    with override_settings(PGBUS_WORKFLOWS={"MCP_SHOW_PAYLOADS": True}):
+        [(shown, _)] = pages(held)
+    assert shown["held_back"]["limits"][0]["key"] == "customer:bob@example.com"
+
+
+@override_settings(PGBUS_WORKFLOWS={"MCP_WRITE_TOOLS": True})
+def test_the_operators_actors_and_reasons_are_shown_and_an_errors_message_is_not():
+    wf = ThreeSteps.start()
+    failed = paused_on_error()
+    results = call_all(
+        [
+            ("pause_run", {"workflow_id": wid(wf), "reason": "vendor outage, ticket OPS-12"}),
+            ("show_run", {"workflow_id": wid(wf)}),
+            ("resume_run", {"workflow_id": wid(wf), "reason": "vendor is back"}),
+            ("show_run", {"workflow_id": wid(wf)}),
+            ("show_run", {"workflow_id": wid(failed)}),
+        ]
+    )
+    paused, resumed, on_error = (answered(results[n]) for n in (1, 3, 4))
+    assert (paused["run"]["paused_reason"], paused["run"]["paused_by"]) == ("vendor outage, ticket OPS-12", "paused")
+    assert [(e["kind"], e["actor"], e["reason"]) for e in resumed["events"] if e["kind"] in ("paused", "resumed")] == [
+        ("paused", "mcp:claude-test", "vendor outage, ticket OPS-12"),
+        ("resumed", "mcp:claude-test", "vendor is back"),
+    ]
+    assert (resumed["run"]["paused_reason"], resumed["run"]["paused_by"]) == ("", None)
+    assert (on_error["run"]["paused_reason"], on_error["run"]["paused_by"]) == (PLACEHOLDER, "step_failed")
+    [failure] = [e for e in on_error["events"] if e["kind"] == "step_failed"]
+    assert (failure["actor"], failure["reason"]) == ("system", PLACEHOLDER)
+    assert {"reason": PLACEHOLDER} == redact({"reason": "who wrote this is not said"})

@@ -4,17 +4,28 @@ Also the two settings' defaults and their system check (E014), and the one path 
 takes: the database's errors as one line, a refused ``--as-user`` as a tool error.
 """
 
+import json
+from typing import Any
+
 import psycopg
 import pytest
+from asgiref.sync import async_to_sync
 from django.core import checks as django_checks
 from django.db import connection
 from django.test import override_settings
+from mcp.client import Client
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp.types import ServerCapabilities
 
 from pgbus_workflows.checks import check_settings
 from pgbus_workflows.conf import settings as wf_settings
+from pgbus_workflows.management.operating import Operator
 from pgbus_workflows.mcp import build_server
+from pgbus_workflows.mcp.acting import Acting
 from pgbus_workflows.mcp.arguments import MAX_LIMIT, MAX_PAGE
-from tests.mcp.session import call_all, listed_tools, text
+from pgbus_workflows.mcp.server import READ_ONLY, Tools, offering
+from tests.mcp.session import answered, call_all, listed_tools, text
 from tests.procs import database_url
 from tests.testapp.workflows import ThreeSteps
 
@@ -99,5 +110,67 @@ def test_each_call_renews_a_connection_the_database_dropped_as_django_does_for_a
         admin.execute("SELECT pg_terminate_backend(%s)", [dropped])
     [again] = call_all([("list_runs", {})])
     assert not again.is_error, text(again)
-    assert [row["workflow_id"] for row in again.structured_content["runs"]] == [str(wf.workflow_id)]
+    assert [row["workflow_id"] for row in answered(again)["runs"]] == [str(wf.workflow_id)]
     assert connection.connection is None  # closed after the call too: CONN_MAX_AGE is 0 here
+
+
+async def _declared(server: Server[Any]) -> tuple[ServerCapabilities, list[str]]:
+    async with Client(server) as session:
+        refused = []
+        for listing in (session.list_resources, session.list_prompts):
+            try:
+                await listing()
+            except MCPError as error:
+                refused.append(error.error.message)
+        return session.server_capabilities, refused
+
+
+@override_settings(PGBUS_WORKFLOWS={"MCP_WRITE_TOOLS": True})
+def test_the_server_declares_the_tools_capability_and_none_it_would_leave_empty():
+    capabilities, refused = async_to_sync(_declared)(build_server())
+    assert capabilities.tools is not None
+    assert (capabilities.resources, capabilities.prompts, capabilities.completions, capabilities.logging) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert refused == ["Method not found", "Method not found"]
+
+
+@pytest.mark.django_db
+def test_each_answer_is_sent_once_as_compact_json_text_and_no_tool_declares_an_output_schema():
+    ThreeSteps.start()
+    assert all(tool.output_schema is None for tool in listed_tools().values())
+    [result] = call_all([("list_runs", {})])
+    assert result.structured_content is None
+    [block] = result.content
+    assert block.type == "text" and json.loads(block.text)["runs"][0]["workflow_class"] == "three_steps"
+    assert block.text == json.dumps(json.loads(block.text), ensure_ascii=False, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("value", [0, -1, "1MiB", 1.5, True])
+def test_mcp_max_response_bytes_must_be_a_positive_integer_e006(settings, value):
+    settings.PGBUS_WORKFLOWS = {"MCP_MAX_RESPONSE_BYTES": value}
+    assert [(e.id, e.msg) for e in check_settings()] == [
+        (
+            "pgbus_workflows.E006",
+            f"PGBUS_WORKFLOWS['MCP_MAX_RESPONSE_BYTES'] must be a positive integer, got {value!r}.",
+        )
+    ]
+    settings.PGBUS_WORKFLOWS = {"MCP_MAX_RESPONSE_BYTES": 4096}
+    assert check_settings() == [] and wf_settings.MCP_MAX_RESPONSE_BYTES == 4096
+
+
+def broken(operator: Operator) -> dict:
+    """A tool whose body fails unexpectedly, its message quoting data."""
+    raise RuntimeError("bob@example.com")
+
+
+def test_an_unexpected_exception_is_a_tool_error_that_quotes_nothing_and_the_server_goes_on(caplog):
+    tools = Tools()
+    tools.add(broken, Acting(), READ_ONLY)
+    failed, again = call_all([("broken", {}), ("broken", {})], server=offering(tools))
+    assert (failed.is_error, text(failed)) == (True, "Error executing tool broken")
+    assert again.is_error
+    assert "Tool 'broken' raised an unexpected exception" in caplog.text

@@ -28,6 +28,7 @@ from ..management.runs import (
 from ..management.runs import list_runs as matching_runs
 from ..management.schedules import ScheduleCommands, schedule_row
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule
+from ..services.health import check_health
 from ..services.insights import DEFAULT_WINDOW, WINDOWS, class_insights
 from ..services.stuck import STUCK_REASONS
 from .acting import viewing
@@ -168,6 +169,15 @@ def fixed_keys(workflow_class: str, step_name: str) -> set[tuple[str, str]]:
         for limit in declared_limits(cls, definition)
         if isinstance(limit.key, str)
     }
+
+
+def health(operator: Operator) -> dict[str, Any]:
+    """Is everything OK: one verdict (healthy or not) and its reasons, notes worth a look, each
+    dispatcher's last heartbeat, how long the oldest due step has waited, the runs stuck by
+    reason, the steps held back by limits and the schedules whose last tick failed.
+    """
+    viewing(operator)
+    return check_health().as_dict()
 
 
 def stuck_runs(

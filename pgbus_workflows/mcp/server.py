@@ -66,8 +66,9 @@ SERVER_NAME = "pgbus-workflows"
 INSTRUCTIONS = """Durable workflow runs stored in PostgreSQL (pgbus_workflows): read them, and, when the
 write tools are offered, operate them as an operator in the Django admin would. Find runs with
 list_runs or stuck_runs, read one with show_run (its allowed_verbs say what it can take now),
-a class's health with insights. Each write tool needs a reason: it is recorded on the run's audit
-trail with who acted. Values shown as "[redacted: ...]" are hidden by the server's settings."""
+a class's performance with insights; health answers whether everything is OK. Each write tool
+needs a reason: it is recorded on the run's audit trail with who acted. Values shown as
+"[redacted: ...]" are hidden by the server's settings."""
 
 #: A tool that reads only.
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
@@ -78,6 +79,7 @@ DESTROYS = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_wor
 
 #: The tools always offered.
 READ_TOOLS: tuple[ToolBody, ...] = (
+    reading.health,
     reading.list_runs,
     reading.show_run,
     reading.stuck_runs,

@@ -94,8 +94,9 @@ def check_health(now: datetime | None = None) -> Health:
         if stuck[reason]:
             sentence = f"{_runs(stuck[reason])} {STUCK_WORDS[reason]}"
             (reasons if reason in UNHEALTHY_STUCK else notes).append(sentence)
-    for schedule in failing:
-        reasons.append(f"schedule {schedule['workflow_class']}/{schedule['name']} failed: {schedule['last_error']}")
+    for schedule in failing:  # its error stays in failing_schedules: a message may quote data
+        name, failed_at = f"{schedule['workflow_class']}/{schedule['name']}", schedule["last_error_at"]
+        reasons.append(f"schedule {name} failed at {failed_at.isoformat()}")
     if held:
         notes.append(f"{held} due step{'s' if held != 1 else ''} held back by their limits")
     gone = [beat.name for beat in beats if not beat.alive]

@@ -151,6 +151,22 @@ def test_stuck_runs_lists_each_reasons_runs_or_the_one_asked_for():
     ]
 
 
+def test_health_gives_the_verdict_its_reasons_and_notes_and_hides_a_schedules_error():
+    paused_on_error()
+    schedule = Ticked.add_schedule(every=timedelta(hours=1), name="hourly")
+    WorkflowSchedule.objects.filter(pk=schedule.pk).update(
+        last_error="token sk-123 refused", last_error_at=schedule.created_at
+    )
+    found = answer("health")
+    assert found["healthy"] is False
+    assert found["reasons"][0] == "no dispatcher is alive (no dispatcher has registered)"
+    assert found["reasons"][1].startswith("schedule ticked/hourly failed at ")
+    assert found["notes"] == ["1 run paused on an error"]
+    assert found["stuck"]["paused_on_error"] == 1
+    assert found["failing_schedules"][0]["last_error"].startswith("[redacted")
+    assert "sk-123" not in str(found)
+
+
 def test_insights_reads_the_class_pipeline_performance_and_funnel_over_the_window():
     finished()
     ready()
@@ -228,6 +244,7 @@ def test_as_a_user_who_may_not_view_runs_every_read_tool_is_refused(django_user_
     wf = ready()
     results = call_all(
         [
+            ("health", {}),
             ("list_runs", {}),
             ("show_run", {"workflow_id": wid(wf)}),
             ("stuck_runs", {}),
@@ -238,6 +255,7 @@ def test_as_a_user_who_may_not_view_runs_every_read_tool_is_refused(django_user_
     )
     assert all(result.is_error for result in results)
     assert [text(result).split(": ", 1)[1] for result in results] == [
+        "nora may not view workflow runs",
         "nora may not view workflow runs",
         "nora may not view workflow runs",
         "nora may not view workflow runs",

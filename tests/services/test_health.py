@@ -88,9 +88,11 @@ class HealthTests(WorkflowTestMixin, TestCase):
     def test_a_schedule_whose_last_tick_failed_makes_it_not_healthy_until_one_fires(self):
         beating()
         schedule = HealthChecked.add_schedule(every=timedelta(hours=1), name="hourly")
-        WorkflowSchedule.objects.filter(pk=schedule.pk).update(last_error="boom", last_error_at=clock.now())
+        failed_at = clock.now()
+        WorkflowSchedule.objects.filter(pk=schedule.pk).update(last_error="boom", last_error_at=failed_at)
         health = check_health()
-        self.assertEqual(health.reasons, ["schedule health_checked/hourly failed: boom"])
+        self.assertEqual(health.reasons, [f"schedule health_checked/hourly failed at {failed_at.isoformat()}"])
+        self.assertEqual(health.failing_schedules[0]["last_error"], "boom")
         WorkflowSchedule.objects.filter(pk=schedule.pk).update(last_fired_at=clock.now() + timedelta(seconds=1))
         self.assertTrue(check_health().healthy)
 

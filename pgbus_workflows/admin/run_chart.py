@@ -1,5 +1,5 @@
-"""The run page's timeline as a picture: one bar per attempt on a time axis, laid out here so the
-template (``pgbus_workflows/run_page/timeline_chart.html``) only draws it.
+"""The run page's timeline as a picture: one bar per attempt on a time axis, laid out here so its
+template (``run_page/timeline_chart.html`` of the app's templates) only draws it.
 
 A bar is the attempt's life from its row's creation to its end (or now), in up to five parts:
 *delayed* (created, not due yet: a ``wait=``, a reattempt's backoff), *queued* (due, not yet

@@ -312,13 +312,15 @@ FAN_OUT_OPTIONS = frozenset(
 )
 
 
+#: What ``@step(...)`` and ``@fan_out(...)`` with options return: the decorator of a method.
+Decorator = Callable[[Callable[..., Any]], "StepDefinition"]
+
+
 @overload
 def step(func: Callable[..., Any], /) -> StepDefinition: ...
 @overload
-def step(func: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], StepDefinition]: ...
-def step(
-    func: Callable[..., Any] | None = None, /, **options: Any
-) -> StepDefinition | Callable[[Callable[..., Any]], StepDefinition]:
+def step(func: None = None, /, **options: Any) -> Decorator: ...
+def step(func: Callable[..., Any] | None = None, /, **options: Any) -> StepDefinition | Decorator:
     """Declare a step: ``@step`` or ``@step(wait=..., skip_if=..., on_exception=...)``.
 
     Steps run in definition order. See the README for every option.
@@ -345,10 +347,8 @@ def removed_step() -> StepDefinition:
 @overload
 def fan_out(func: Callable[..., Any], /) -> StepDefinition: ...
 @overload
-def fan_out(func: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], StepDefinition]: ...
-def fan_out(
-    func: Callable[..., Any] | None = None, /, **options: Any
-) -> StepDefinition | Callable[[Callable[..., Any]], StepDefinition]:
+def fan_out(func: None = None, /, **options: Any) -> Decorator: ...
+def fan_out(func: Callable[..., Any] | None = None, /, **options: Any) -> StepDefinition | Decorator:
     """Declare a fan-out step: its body returns an iterable of :class:`Job`, run in parallel.
 
     ``@fan_out(max_attempts=3, backoff=timedelta(seconds=5), on_job_failure="fail")``. The

@@ -13,8 +13,23 @@ from pathlib import Path
 
 import pytest
 
+from pgbus_workflows import sql
 from tests.procs import DispatcherProcess
 from tests.testapp.models import Order
+
+
+@pytest.fixture(autouse=True)
+def _prepares_nothing_after():
+    """Each test leaves the process preparing nothing, as a web process starts.
+
+    An in-process dispatcher's LISTEN connection lets every connection of the process to its
+    server prepare (``sql.prepare_statements``), and a connection remembers the answer
+    (``sql._preparing``): left in place, a later test's statement ran prepared, and Django's
+    query log records no text for a prepared statement.
+    """
+    yield
+    sql._prepared_at.clear()
+    sql._preparing.clear()
 
 
 @pytest.fixture

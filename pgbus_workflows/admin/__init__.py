@@ -1,18 +1,18 @@
 """The operator console, which Django's admin autodiscovers as ``pgbus_workflows.admin``.
 
 Importing the package registers every ``ModelAdmin``: ``runs`` (the runs), ``records`` (their
-attempts, events, signals, jobs and the dispatchers), ``schedules`` and ``tasks``. The classes are
+attempts, events, signals, jobs and the dispatchers), ``limiters``, ``schedules`` and ``tasks``. The classes are
 re-exported so that
 ``from pgbus_workflows.admin import WorkflowRunAdmin`` keeps working for projects that
 subclass or re-register them.
 """
 
+from .limiters import WorkflowLimiterAdmin
 from .records import (
     DispatcherAdmin,
     FanOutJobAdmin,
     ReadOnlyAdmin,
     WorkflowEventAdmin,
-    WorkflowLimiterAdmin,
     WorkflowSignalAdmin,
     WorkflowStepAdmin,
 )

@@ -13,8 +13,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.http import Http404, HttpRequest
+from django.utils.translation import gettext_lazy as _
 
-from ..services.insights import DEFAULT_WINDOW, ENDINGS, PIPELINE_STATUSES, WINDOWS, class_insights
+from ..services.insights import DEFAULT_WINDOW, ENDINGS, HELD_BACK, PIPELINE_COLUMNS, WINDOWS, class_insights
 from ..states import RunStatus, StepStatus
 from .dashboard import bar_chart
 from .display import changelist_url, format_duration, status_badge
@@ -39,8 +40,9 @@ def insights_context(site: AdminSite, request: HttpRequest, workflow_class: str,
             "step": row["step"],
             "total": row["total"],
             "statuses": [
-                {"key": str(s), "count": row["counts"][s], "url": runs(status=s, current_step=row["step"])}
-                for s in PIPELINE_STATUSES
+                # held back: the ready runs of the step, which the run list shows (and each run page says why)
+                {"key": s, "count": row["counts"][s], "url": runs(status=_listed(s), current_step=row["step"])}
+                for s in PIPELINE_COLUMNS
             ],
         }
         for row in data["pipeline"]
@@ -88,7 +90,7 @@ def insights_context(site: AdminSite, request: HttpRequest, workflow_class: str,
         "window": window,
         "windows": [(label, label == window) for label in WINDOWS],
         "since": datetime.fromisoformat(data["since"]),
-        "pipeline_statuses": [status_badge(s, s.label) for s in PIPELINE_STATUSES],
+        "pipeline_statuses": [_pipeline_badge(s) for s in PIPELINE_COLUMNS],
         "pipeline": pipeline,
         "pipeline_chart": bar_chart(pipeline, "statuses", label="step"),
         "endings": [status_badge(s, s.label) for s in ENDINGS],
@@ -100,6 +102,14 @@ def insights_context(site: AdminSite, request: HttpRequest, workflow_class: str,
         "runs_url": runs(),
         "now": now,
     }
+
+
+def _listed(column: str) -> str:
+    return str(RunStatus.READY) if column == HELD_BACK else column
+
+
+def _pipeline_badge(column: str) -> Any:
+    return status_badge(column, _("Held back") if column == HELD_BACK else RunStatus(column).label)
 
 
 def _seconds(value: float | None) -> str:

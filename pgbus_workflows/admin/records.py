@@ -1,4 +1,4 @@
-"""The engine's rows in the operator console, read only: attempts, events, signals, dispatchers, jobs, limiters.
+"""The engine's rows in the operator console, read only: attempts, events, signals, dispatchers, jobs.
 
 ``ReadOnlyAdmin`` is the base of every engine row's admin (the runs' too): nobody adds,
 edits or deletes a row here, since only the services write them.
@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Model, Q
+from django.db.models import Model
 from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowLimiter, WorkflowSignal, WorkflowStep
+from ..models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowSignal, WorkflowStep
 from .display import change_url, pretty_json, status_badge
 from .filters import EventKindFilter, FinishedWithinFilter, StepClassFilter
 from .paging import ScaledChangeList
@@ -172,21 +172,3 @@ class FanOutJobAdmin(ReadOnlyAdmin):
     def result_json(self, job: FanOutJob) -> SafeString:
         """The job's result as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(job.result))
-
-
-@admin.register(WorkflowLimiter)
-class WorkflowLimiterAdmin(ReadOnlyAdmin):
-    """Each ``Concurrency`` key's slots in use and each ``RateLimit`` key's tokens.
-
-    Named ``concurrency:<key>`` and ``rate:<key>``; searched by the start of the name.
-    """
-
-    list_display = ("name", "kind", "limit", "in_use", "per", "tokens", "available_at")
-    list_filter = ("kind",)
-    sortable_by = ("name",)
-    search_fields = ("name",)
-    search_help_text = _("The start of a limiter's name: concurrency:account, rate:stripe...")
-
-    def search_condition(self, term: str) -> Q:
-        """The limiters whose name begins with ``term`` (the primary key's index)."""
-        return Q(name__startswith=term)

@@ -31,7 +31,7 @@ from .dashboard import dashboard_context
 from .display import change_url, pretty_json, status_badge, subject_link
 from .filters import RunStatusFilter, StuckFilter, WorkflowClassFilter
 from .insights import insights_context
-from .operations import OPERATIONS, OperatedAdmin, bulk_operation, operation_view
+from .operations import OPERATIONS, OperatedAdmin, bulk_operation, may_view, operation_view
 from .paging import workflow_id_range
 from .records import ReadOnlyAdmin
 from .run_page import run_page_context
@@ -73,7 +73,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
             {"fields": ("created_at", "started_at", "status_changed_at", "finished_at"), "classes": ["collapse"]},
         ),
     )
-    readonly_fields = RUN_READONLY
+    readonly_fields = (*RUN_READONLY, "paused_reason_withheld")
 
     def search_condition(self, term: str) -> Q:
         """Runs whose workflow id begins with ``term``, or whose subject id or idempotency key is it.
@@ -120,14 +120,33 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         )
 
     def get_fieldsets(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
-        """The run page's fields; the debounce key only on a run that has one."""
+        """The run page's fields; the debounce key only on a run that has one.
+
+        The pause reason only for users who may view attempts: a run an error paused holds
+        the step's error text there, which the attempts' view permission guards everywhere else.
+        """
         fieldsets = super().get_fieldsets(request, obj)
-        if obj is not None and obj.debounce_key is not None:
-            return fieldsets
+        keyed = obj is not None and obj.debounce_key is not None
+        swap: dict[Any, Any] = {}
+        if not may_view(self.admin_site, request, WorkflowStep):
+            swap["paused_reason"] = "paused_reason_withheld"
         return [
-            (name, {**options, "fields": [f for f in options["fields"] if f != "debounce_key"]})
+            (
+                name,
+                {
+                    **options,
+                    "fields": [swap.get(f, f) for f in options["fields"] if keyed or f != "debounce_key"],
+                },
+            )
             for name, options in fieldsets
         ]
+
+    @admin.display(description=_("paused reason"))
+    def paused_reason_withheld(self, run: WorkflowRun) -> Any:
+        """In place of the pause reason for a user who may not view attempts: whether there is one."""
+        if not run.paused_reason:
+            return "-"
+        return _("Withheld: it may hold a step's error, shown with the permission to view workflow steps.")
 
     @admin.display(description=_("subject"))
     def subject(self, run: WorkflowRun) -> str:

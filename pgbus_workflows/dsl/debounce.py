@@ -13,6 +13,7 @@ from typing import Any, TypeGuard
 
 from ..exceptions import ConfigurationError
 from .definitions import Duration, coerce_duration
+from .text import unstorable
 
 #: The longest debounce key a run stores (``varchar(255)``).
 MAX_DEBOUNCE_KEY_LENGTH = 255
@@ -41,7 +42,7 @@ class Debounce:
         if key is not None and not callable(key) and not valid_key(key):
             raise ConfigurationError(
                 f"Debounce key must be None, a callable of the workflow, or a non-empty string of at most "
-                f"{MAX_DEBOUNCE_KEY_LENGTH} characters, got {key!r}"
+                f"{MAX_DEBOUNCE_KEY_LENGTH} characters without NUL or lone surrogates, got {key!r}"
             )
         self.key: KeySpec = key
 
@@ -57,5 +58,5 @@ def _positive(value: Any, what: str) -> timedelta:
 
 
 def valid_key(value: Any) -> TypeGuard[str]:
-    """True for what a run may store as its debounce key."""
-    return isinstance(value, str) and 0 < len(value) <= MAX_DEBOUNCE_KEY_LENGTH
+    """True for what a run may store as its debounce key (a text column can store it)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_DEBOUNCE_KEY_LENGTH and unstorable(value) is None

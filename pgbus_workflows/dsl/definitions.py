@@ -33,10 +33,15 @@ MAX_NAME_LENGTH = 255
 
 
 def coerce_duration(value: Any, what: str) -> timedelta:
-    """Return a non-negative ``timedelta`` from seconds or a timedelta, or raise ConfigurationError."""
+    """A non-negative ``timedelta`` from seconds or a timedelta; ConfigurationError else (NaN, inf, too big too)."""
     if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise ConfigurationError(f"{what} must be a timedelta or a number of seconds, got {value!r}")
-    duration = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    try:
+        duration = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    except (ValueError, OverflowError):  # NaN; infinity or over 999,999,999 days
+        raise ConfigurationError(
+            f"{what} must be a finite number of seconds a timedelta holds, got {value!r}"
+        ) from None
     if duration < timedelta(0):
         raise ConfigurationError(f"{what} must not be negative, got {value!r}")
     return duration

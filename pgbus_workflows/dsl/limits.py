@@ -17,6 +17,7 @@ from typing import Any
 
 from ..exceptions import ConfigurationError
 from .definitions import Duration, coerce_duration
+from .text import unstorable
 
 #: The longest key a limit takes (the limiter row's name adds its kind in front).
 MAX_LIMIT_KEY_LENGTH = 255
@@ -33,7 +34,7 @@ def _check_key(key: Any, what: str) -> LimitKey:
         return key  # type: ignore[no-any-return]
     raise ConfigurationError(
         f"{what} key must be a callable of the workflow or a non-empty string of at most "
-        f"{MAX_LIMIT_KEY_LENGTH} characters, got {key!r}"
+        f"{MAX_LIMIT_KEY_LENGTH} characters without NUL or lone surrogates, got {key!r}"
     )
 
 
@@ -46,8 +47,8 @@ def _check_limit(limit: Any, what: str) -> int:
 
 
 def valid_limit_key(value: Any) -> bool:
-    """True for what a limit may take as its key."""
-    return isinstance(value, str) and 0 < len(value) <= MAX_LIMIT_KEY_LENGTH
+    """True for what a limit may take as its key (a text column can store it)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_LIMIT_KEY_LENGTH and unstorable(value) is None
 
 
 class Concurrency:
@@ -127,7 +128,8 @@ def step_limits(cls: Any, definition: Any, handle: Callable[[], Any]) -> tuple[B
     """The limits of a step about to be scheduled, their keys evaluated (``handle()`` gives the workflow).
 
     ``ValueError`` naming the class and the step when a key callable raises or returns
-    something that is not a non-empty string of at most 255 characters: nothing is written.
+    something that is not a non-empty string of at most 255 characters, or one with a NUL
+    character or a lone surrogate: nothing is written.
     """
     bound: dict[str, BoundLimit] = {}
     instance: Any = None
@@ -146,7 +148,8 @@ def step_limits(cls: Any, definition: Any, handle: Callable[[], Any]) -> tuple[B
             if not valid_limit_key(key):
                 raise ValueError(
                     f"{cls.name}.{definition.name}: the {type(limit).__name__} key must be a non-empty string of "
-                    f"at most {MAX_LIMIT_KEY_LENGTH} characters, got {key!r}"
+                    f"at most {MAX_LIMIT_KEY_LENGTH} characters that PostgreSQL can store, got {key!r}"
+                    + (f" ({reason})" if (reason := unstorable(key)) else "")
                 )
         if isinstance(limit, Concurrency):
             found = BoundLimit(f"{CONCURRENCY}:{key}", CONCURRENCY, limit.limit, None)

@@ -234,14 +234,32 @@ def _fan_out(workflow: RunHandle, step_name: str, value: Any, context: StepConte
 
 
 def log_outcome(run: WorkflowRun, step: WorkflowStep, outcome: StepOutcome) -> None:
-    """Log an attempt that ended in an error (the event has the rest)."""
-    if outcome.kind == "error":
-        logger.warning(
-            "Step failed: %s %s step %s attempt %s: %s: %s",
+    """Log an attempt that ended in an error (the event has the rest).
+
+    A reattempt its exception policy expects is logged at INFO, with its number and wait; an
+    error that pauses, cancels or skips the run at WARNING (``Step failed``).
+    """
+    if outcome.kind != "error":
+        return
+    if outcome.reattempt is not None:
+        number, most, wait = outcome.reattempt
+        logger.info(
+            "Step %s of %s %s raised %s: %s; reattempt %s in %s s (its exception policy)",
+            step.step_name,
             run.workflow_class,
             run.workflow_id,
-            step.step_name,
-            step.attempt,
             type(outcome.error).__name__,
             outcome.error,
+            number if most is None else f"{number} of {most}",
+            f"{wait.total_seconds():g}",
         )
+        return
+    logger.warning(
+        "Step failed: %s %s step %s attempt %s: %s: %s",
+        run.workflow_class,
+        run.workflow_id,
+        step.step_name,
+        step.attempt,
+        type(outcome.error).__name__,
+        outcome.error,
+    )

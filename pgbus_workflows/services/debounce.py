@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import sql
 from ..dsl.debounce import MAX_DEBOUNCE_KEY_LENGTH, Debounce, valid_key
+from ..dsl.text import unstorable
 from ..models import WorkflowEvent, WorkflowRun
 from ..sql import rows
 from ..states import RunStatus, StepStatus
@@ -79,9 +80,14 @@ def debounced_key(
     if not valid_key(key):
         raise ValueError(
             f"{cls.__qualname__}.debounce key must be a non-empty string of at most {MAX_DEBOUNCE_KEY_LENGTH} "
-            f"characters, got {key!r}; nothing was started"
+            f"characters that PostgreSQL can store, got {key!r}{_why(key)}; nothing was started"
         )
     return debounce, key
+
+
+def _why(key: Any) -> str:
+    reason = unstorable(key)
+    return f" ({reason})" if reason else ""
 
 
 def lock_key(cls: type[RunHandle], key: str) -> None:

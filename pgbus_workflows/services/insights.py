@@ -1,7 +1,8 @@
 """Insights on one workflow class: its pipeline, its steps' performance and its funnel.
 
 - **Pipeline**: the class's ongoing runs at each step, by status (``pgbus_wf_run_pipeline``, a
-  partial index of ongoing runs: finished history costs it nothing).
+  partial index of ongoing runs: finished history costs it nothing); the ready runs a limit
+  holds back apart from the others (``held_back``).
 - **Performance**: the attempts that finished in the window, by step: how many, how many
   completed, failed, were skipped or cancelled, how many were reattempts, and the p50/p95 of
   their duration (claim to end). Read through ``pgbus_wf_step_finished``, bounded by the window.
@@ -26,6 +27,7 @@ from ..dsl.declared import registry
 from ..models import WorkflowRun, WorkflowStep
 from ..sql import clock
 from ..states import ONGOING_RUN, RunStatus, StepStatus
+from .limiting import held_back_counts
 
 #: The windows an operator may pick, by the label the page and the MCP tool take.
 WINDOWS: dict[str, timedelta] = {
@@ -37,6 +39,10 @@ WINDOWS: dict[str, timedelta] = {
 DEFAULT_WINDOW = "24h"
 #: The ongoing statuses in the order the pipeline shows them.
 PIPELINE_STATUSES = [RunStatus.READY, RunStatus.PERFORMING, RunStatus.WAITING, RunStatus.PAUSED]
+#: The pipeline's column of ready runs whose due step a limit with no room holds back (not counted as ready).
+HELD_BACK = "held_back"
+#: The pipeline's columns, in order: the ready runs a limit holds back next to those it does not.
+PIPELINE_COLUMNS = [str(RunStatus.READY), HELD_BACK, *(str(s) for s in PIPELINE_STATUSES[1:])]
 #: How the attempts of a step ended, in the order the performance table shows them.
 ENDINGS = [StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED]
 
@@ -64,7 +70,7 @@ def class_insights(workflow_class: str, window: timedelta, now: datetime | None 
     # ordered as the class's start index is, so the probe walks it (not the table) to the first row
     if declared is None and runs.order_by("started_at").values_list("pk", flat=True).first() is None:
         raise LookupError(f"No workflow class {workflow_class!r}: none is registered under that name, no run is stored")
-    pipeline = _pipeline(runs)
+    pipeline = _pipeline(runs, workflow_class, now)
     performance = _performance(workflow_class, since, now)
     funnel = _funnel(runs.filter(started_at__gt=since, started_at__lte=now))
     names = [d.name for d in declared.step_definitions()] if declared is not None else []
@@ -88,8 +94,12 @@ def _in_order(rows: list[dict[str, Any]], steps: list[str]) -> list[dict[str, An
     return sorted(rows, key=lambda row: position.get(row["step"], len(steps)))
 
 
-def _pipeline(runs: QuerySet[WorkflowRun]) -> list[dict[str, Any]]:
-    """Ongoing runs by (current step, status): ``COUNT(*)`` so the partial index answers alone."""
+def _pipeline(runs: QuerySet[WorkflowRun], workflow_class: str, now: datetime) -> list[dict[str, Any]]:
+    """Ongoing runs by (current step, status): ``COUNT(*)`` so the partial index answers alone.
+
+    A ready run whose due attempt a limit with no room holds back (``limiting.held_back_counts``)
+    is counted under ``held_back``, not ``ready``: it starts when a slot frees or a token comes.
+    """
     counts = (
         runs.filter(status__in=sorted(ONGOING_RUN))
         .values_list("current_step", "status")
@@ -98,7 +108,11 @@ def _pipeline(runs: QuerySet[WorkflowRun]) -> list[dict[str, Any]]:
     )
     by_step: dict[str, dict[str, int]] = {}
     for step_name, status, n in counts:
-        by_step.setdefault(step_name, {str(s): 0 for s in PIPELINE_STATUSES})[status] = n
+        by_step.setdefault(step_name, dict.fromkeys(PIPELINE_COLUMNS, 0))[status] = n
+    held = {step: n for (klass, step), n in held_back_counts(now).items() if klass == workflow_class}
+    for step_name, cells in by_step.items():
+        cells[HELD_BACK] = min(held.get(step_name, 0), cells[RunStatus.READY])
+        cells[RunStatus.READY] -= cells[HELD_BACK]
     return [{"step": name, "counts": cells, "total": sum(cells.values())} for name, cells in by_step.items()]
 
 

@@ -53,6 +53,8 @@ class StepOutcome:
     #: False when the attempt ended before its body ran (a guard, a gravestone, an unknown
     #: step): a signal it consumed goes back to pending, for the step that will run.
     body_ran: bool = True
+    #: Set as an error is applied when its policy reattempts: (reattempt number, max_reattempts, wait).
+    reattempt: tuple[int, int | None, timedelta] | None = None
 
     @classmethod
     def from_error(cls, error: BaseException, **kwargs: Any) -> StepOutcome:
@@ -331,6 +333,7 @@ def _apply_error(
                 **error_fields,
             )
             wait = resolve_wait(policy.wait, count + 1)
+            outcome.reattempt = (count + 1, policy.max_reattempts, wait)
             _reattempt(ledger, step, definition, wait, actor=actor, reason=reason, details=details)
             return
     details["action"] = action

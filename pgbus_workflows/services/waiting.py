@@ -74,10 +74,10 @@ def wait_deadline(workflow: Any, step: WorkflowStep, spec: Any, now: datetime) -
         return value
     try:
         return now + coerce_duration(value, "wait_timeout")
-    except ConfigurationError:
+    except (ConfigurationError, OverflowError):  # OverflowError: a deadline past the year 9999
         raise TypeError(
-            f"{_named(workflow, step)} returned {value!r}: a timedelta, a number of seconds (not negative), "
-            "an aware datetime or None"
+            f"{_named(workflow, step)} returned {value!r}: a timedelta, a number of seconds (finite, not "
+            "negative, ending before the year 9999), an aware datetime or None"
         ) from None
 
 

@@ -73,7 +73,8 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         :meth:`astart` and :meth:`start_many`, which record ``actor`` and ``reason`` on each run's
         ``started`` event (shown by the admin, ``manage.py workflows show`` and the MCP tools);
         ``start()`` alone records the actor ``system``. Every keyword of ``start()`` stays the
-        run's argument. A blank or too long actor, or a reason over 2,000 characters, raises ``ValueError``.
+        run's argument. A blank or too long actor, a reason over 2,000 characters, or a NUL
+        character or lone surrogate in either raises ``ValueError``.
         """
         return Starter(cls, actor, reason)
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 
+from ..dsl.text import unstorable
+
 if TYPE_CHECKING:
     from django.db.models import Model
 
@@ -47,6 +49,9 @@ class Starter(Generic[W]):
             raise ValueError(
                 f"started_by() reason must be at most {MAX_START_REASON_LENGTH} characters, got {len(self.reason)}"
             )
+        for what, text in (("actor", self.actor), ("reason", self.reason)):
+            if (why := unstorable(text)) is not None:
+                raise ValueError(f"started_by() {what} {why}, which PostgreSQL cannot store: remove it")
 
     def start(self, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> W:
         """:meth:`Workflow.start`, with this actor and reason on the run's ``started`` event."""

@@ -37,6 +37,22 @@ def run_page_html(client: Any, wf: Any) -> str:
     return response.content.decode()
 
 
+def test_a_pause_reason_holding_a_steps_error_is_shown_only_with_the_permission_to_view_attempts(
+    client, django_user_model
+):
+    wf = failed_run()
+    reason = WorkflowRun.objects.get(pk=wf.record.pk).paused_reason
+    assert reason.endswith("Boom: first attempt fails")  # the step's error text, as the pause recorded it
+
+    html = run_page_html(login(client, django_user_model, *ONLY_RUNS), wf)
+    assert reason not in html
+    assert "Withheld: it may hold a step&#x27;s error" in html
+
+    html = run_page_html(login(client, django_user_model, "view_workflowrun", "view_workflowstep", name="carol"), wf)
+    assert reason in html
+    assert "Withheld" not in html
+
+
 def test_the_pause_permission_without_the_view_permission_opens_no_form_and_pauses_nothing(client, django_user_model):
     wf = ready_run()
     before = snapshot(wf)

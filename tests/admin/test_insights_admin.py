@@ -12,8 +12,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_due_steps
 from tests.services.test_insights import runs  # noqa: F401  (the fixture)
 from tests.support import VIEW, staff_user
+from tests.testapp.limited_workflows import KeyedSleeper
 
 pytestmark = pytest.mark.django_db
 
@@ -105,3 +107,22 @@ def test_the_page_needs_the_view_permission_on_runs(client, django_user_model, r
     staff_user(django_user_model, "viewer", *VIEW)
     client.login(username="viewer", password="correct horse battery staple")
     assert client.get(insights()).status_code == 200
+
+
+def test_the_pipeline_shows_runs_a_limit_holds_back_as_held_back_not_ready(admin_client):
+    for account in ("acme", "acme", "acme", "free"):
+        KeyedSleeper.start(account=account)
+    claim_due_steps(1, queues=["keyed"], claimed_by="test")
+
+    response = admin_client.get(insights(KeyedSleeper.name))
+
+    [row] = response.context["pipeline"]
+    assert {cell["key"]: cell["count"] for cell in row["statuses"]} == {
+        "ready": 1,
+        "held_back": 2,
+        "performing": 1,
+        "waiting": 0,
+        "paused": 0,
+    }
+    head = response.content.decode().split('id="pipeline"', 1)[1].split("</thead>", 1)[0]
+    assert '<span class="pgbus-badge pgbus-s-held_back">Held back</span>' in head

@@ -294,7 +294,9 @@ def test_a_schedules_tick_is_not_debounced():
     ("give", "arguments", "message"),
     [
         ("k", {"raise": 1}, r"DebouncedBadKey.debounce key raised KeyError: 'no'; nothing was started"),
-        (42, {}, r"DebouncedBadKey.debounce key must be a non-empty string of at most 255 characters, got 42"),
+        (42, {}, r"DebouncedBadKey.debounce key must be a non-empty string of at most 255 characters .*, got 42"),
+        ("a\x00b", {}, r"got 'a\\x00b' \(contains a NUL character \(\\x00\)\); nothing was started"),
+        ("a\ud800", {}, r"got 'a\\ud800' \(contains a lone surrogate \('\\ud800'\)\); nothing was started"),
         ("", {}, r"DebouncedBadKey.debounce key must be a non-empty string"),
         ("x" * 256, {}, r"DebouncedBadKey.debounce key must be a non-empty string of at most 255"),
     ],
@@ -319,6 +321,7 @@ def test_a_key_callable_that_fails_raises_naming_the_class_and_nothing_is_writte
         ({"period": 30, "key": ""}, "Debounce key must be None, a callable"),
         ({"period": 30, "key": 5}, "Debounce key must be None, a callable"),
         ({"period": 30, "key": "k" * 256}, "Debounce key must be None, a callable"),
+        ({"period": 30, "key": "k\x00"}, "Debounce key must be None, a callable.* without NUL or lone surrogates"),
     ],
 )
 def test_bad_debounce_arguments_are_configuration_errors_naming_the_argument(kwargs, message):

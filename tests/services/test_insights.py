@@ -11,8 +11,10 @@ from django.utils import timezone
 
 from pgbus_workflows import OnException, Workflow, step
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
+from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import run_due_steps
 from pgbus_workflows.services.insights import WINDOWS, _percentiles, class_insights
+from tests.testapp.limited_workflows import KeyedSleeper
 from tests.testapp.models import Order
 
 Q = "insights_q"
@@ -73,9 +75,21 @@ def test_the_pipeline_counts_the_ongoing_runs_at_each_step_by_status(runs):
     assert data["registered"] is True
     pipeline = {row["step"]: row for row in data["pipeline"]}
     assert set(pipeline) == {"welcome", "confirm"}
-    assert pipeline["welcome"]["counts"] == {"ready": 1, "performing": 0, "waiting": 0, "paused": 0}
-    assert pipeline["confirm"]["counts"] == {"ready": 0, "performing": 0, "waiting": 1, "paused": 0}
+    assert pipeline["welcome"]["counts"] == {"ready": 1, "held_back": 0, "performing": 0, "waiting": 0, "paused": 0}
+    assert pipeline["confirm"]["counts"] == {"ready": 0, "held_back": 0, "performing": 0, "waiting": 1, "paused": 0}
     assert [row["step"] for row in data["pipeline"]] == ["welcome", "confirm"]  # in the class's order
+
+
+@pytest.mark.django_db
+def test_the_pipeline_counts_ready_runs_a_limit_holds_back_apart_from_the_ready_ones():
+    for account in ("acme", "acme", "acme", "free"):
+        KeyedSleeper.start(account=account)
+    claim_due_steps(1, queues=["keyed"], claimed_by="test")  # acme's one slot: its two other runs wait for it
+
+    [row] = class_insights(KeyedSleeper.name, DAY)["pipeline"]
+
+    assert row["counts"] == {"ready": 1, "held_back": 2, "performing": 1, "waiting": 0, "paused": 0}
+    assert row["total"] == 4
 
 
 def test_step_performance_counts_the_windows_attempts_by_how_they_ended(runs):

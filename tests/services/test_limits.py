@@ -310,6 +310,35 @@ def test_a_first_step_key_that_raises_fails_the_start_and_writes_nothing():
     assert not WorkflowRun.objects.filter(workflow_class=BadFirstKey.name).exists()
 
 
+class UnstorableKey(Workflow):
+    name = "limits_unstorable_key"
+    allow_multiple = True
+    step_options = {"queue": "limits_unstorable"}
+    concurrency = Concurrency(key=lambda wf: "account:" + chr(wf.arguments["code"]), limit=1)
+    rate_limit = RateLimit(key=lambda wf: "api:" + chr(wf.arguments["code"]), limit=5, per=60)
+
+    @step
+    def only(self):
+        return None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("code", "said"), [(0, r"a NUL character \(\\x00\)"), (0xD800, r"a lone surrogate")])
+def test_a_key_postgresql_cannot_store_is_a_value_error_naming_the_class_and_step(code, said):
+    with pytest.raises(ValueError, match=rf"limits_unstorable_key.only: the Concurrency key .* \(contains {said}"):
+        UnstorableKey.start(code=code)
+
+    assert not WorkflowRun.objects.filter(workflow_class=UnstorableKey.name).exists()
+    assert not WorkflowLimiter.objects.filter(name__startswith="rate:api:").exists()
+
+
+@pytest.mark.parametrize("kind", [Concurrency, RateLimit])
+@pytest.mark.parametrize("key", ["a\x00b", "a\udc80"])
+def test_a_fixed_key_postgresql_cannot_store_is_refused_at_import(kind, key):
+    with pytest.raises(ConfigurationError, match=rf"{kind.__name__} key must be .* without NUL or lone surrogates"):
+        kind(key, limit=1) if kind is Concurrency else kind(key, limit=1, per=60)
+
+
 @pytest.mark.django_db
 def test_a_changed_declaration_writes_its_limit_when_a_step_is_scheduled_under_it(monkeypatch):
     AccountSync.start(account_id=11)

@@ -451,3 +451,23 @@ def test_the_steps_own_policy_wins_over_the_class_policies():
     assert (skipped.step_name, skipped.outcome) == ("skipped", "skipped")
     assert (paused.step_name, paused.outcome) == ("paused", "failed")  # on_exception="pause" beats class cancel
     assert wf.status == "paused"
+
+
+def test_a_reattempt_the_policy_expects_is_logged_at_info_and_the_error_that_ends_them_as_a_failure(caplog):
+    wf = PolMax.start()
+    caplog.set_level("INFO", logger="pgbus_workflows")
+
+    for _ in range(3):
+        run_next(wf)
+    reattempts = [r for r in caplog.records if "reattempt" in r.getMessage()]
+    assert [r.levelname for r in reattempts] == ["INFO"] * 3
+    assert [r.getMessage().split("; ")[-1] for r in reattempts] == [
+        f"reattempt {n} of 3 in 0 s (its exception policy)" for n in (1, 2, 3)
+    ]
+    assert reattempts[0].getMessage().startswith("Step always_fails of pol_max ")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+    run_next(wf)  # the fourth error: max_reattempts spent, the run pauses
+    [failed] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert failed.getMessage().startswith("Step failed: pol_max ")
+    assert wf.status == "paused"

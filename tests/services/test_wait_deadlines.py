@@ -59,6 +59,17 @@ class DeadlineBadValue(Workflow):
         record("capture")
 
 
+class DeadlineNotFinite(Workflow):
+    """A deadline of a float JSON cannot carry (NaN, infinity) or one past what a datetime holds."""
+
+    name = "deadline_not_finite"
+    step_options = {"queue": Q}
+
+    @step(wait_for="paid", wait_timeout=lambda wf: float(wf.arguments["value"]))
+    def capture(self):
+        record("capture")
+
+
 class DeadlineRaises(Workflow):
     name = "deadline_raises"
     step_options = {"queue": Q}
@@ -142,7 +153,7 @@ def test_the_deadline_is_not_computed_when_a_signal_is_already_pending():
     ("value", "said"),
     [
         ("tomorrow", "returned 'tomorrow': a timedelta, a number of seconds"),
-        (-5, "returned -5: a timedelta, a number of seconds (not negative)"),
+        (-5, "returned -5: a timedelta, a number of seconds (finite, not negative"),
         (True, "returned True"),
         ("2031-05-01T12:00:00", "returned '2031-05-01T12:00:00'"),
     ],
@@ -158,6 +169,18 @@ def test_a_value_that_is_no_deadline_is_the_steps_error_named(value, said):
     assert said in row.error_message
     assert wf.reload().status == "paused"  # the default policy, as for any step's error
     assert row.wait_for is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["nan", "inf", "1e300", "1e13"])
+def test_a_deadline_of_no_finite_time_is_a_type_error_naming_the_class_and_step(value):
+    wf = DeadlineNotFinite.start(Order.objects.create(), value=value)
+    run_all()
+
+    row = attempt(wf, "capture")
+    assert (row.status, row.error_class) == ("failed", "TypeError")
+    assert row.error_message.startswith(f"DeadlineNotFinite.capture: wait_timeout returned {float(value)!r}")
+    assert wf.reload().status == "paused"
 
 
 @pytest.mark.django_db

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from pgbus_workflows import InvalidTransition
@@ -159,7 +160,10 @@ def test_a_claim_of_code_older_than_held_still_reads_the_due_index():
     # A rolling deploy: a dispatcher still on the code before 0011 reads each priority's due
     # range without ``held``. The new index serves it by its priority (a slower range, sorted),
     # never by reading the steps table.
+    # Due a minute ago: the steps were scheduled by the engine's clock, which may read a few ms
+    # ahead of the server's now() the older statement compares with (half a round trip's error).
     NoOp3.start_many([{} for _ in range(50)])
+    WorkflowStep.objects.update(scheduled_at=F("scheduled_at") - timedelta(minutes=1))
     older = (
         "SELECT s.id FROM pgbus_workflows_workflowstep s WHERE s.priority = 0 AND s.status = 'scheduled' "
         "AND s.scheduled_at <= now() ORDER BY s.scheduled_at, s.id LIMIT 5 FOR UPDATE OF s SKIP LOCKED"

@@ -121,6 +121,10 @@ def test_a_rerun_records_its_operator_and_reason_on_the_new_run(order):
         ("a" * 256, None, "actor must be at most 255 characters, got 256"),
         ("ann", "r" * 2001, "reason must be at most 2000 characters, got 2001"),
         ("ann", 42, "reason must be a string or None, got int"),
+        ("ann\x00", None, r"actor contains a NUL character"),
+        ("ann\ud800", None, r"actor contains a lone surrogate"),
+        ("ann", "ticket\x00 4411", r"reason contains a NUL character"),
+        ("ann", "ticket \udfff", r"reason contains a lone surrogate"),
     ],
 )
 def test_a_bad_actor_or_reason_is_refused_before_anything_is_written(actor, reason, said):

@@ -9,7 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .dsl.backoff import backoff
 from .dsl.debounce import Debounce
-from .dsl.definitions import OnException, fan_out, removed_step, step
+from .dsl.decorators import fan_out, removed_step, step
+from .dsl.definitions import OnException
 from .dsl.jobs import Child, Job
 from .dsl.limits import Concurrency, RateLimit
 from .dsl.schedules import Schedule

@@ -14,7 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 from ..dsl.backoff import Backoff, backoff
-from ..dsl.definitions import OnException, StepDefinition, step
+from ..dsl.decorators import step
+from ..dsl.definitions import OnException, StepDefinition
 from ..exceptions import ConfigurationError
 from ..models import TASK_CLASS_PREFIX, WorkflowRun
 from ..workflow import Workflow

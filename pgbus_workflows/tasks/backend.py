@@ -22,7 +22,7 @@ from ..exceptions import ConfigurationError
 from .api import BaseTaskBackend, Task, TaskResult, TaskResultStatus, normalize_json, task_enqueued
 from .options import checked_options
 
-#: What the backend's check and its ``enqueue`` say when the app is not installed.
+#: What the backend's check, ``enqueue`` and ``get_result`` say when the app is not installed.
 NOT_INSTALLED = "add 'pgbus_workflows' to INSTALLED_APPS: its dispatchers run the tasks, its tables hold them"
 
 

@@ -53,6 +53,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "pgbus_workflows.E012": (EVERY_CHECK, "``ASYNC_CONCURRENCY`` is not an integer >= 0."),
     "pgbus_workflows.E013": (EVERY_CHECK, "A ``TASKS`` alias using the workflows backend has bad ``OPTIONS``."),
     "pgbus_workflows.E014": (EVERY_CHECK, "``MCP_WRITE_TOOLS`` or ``MCP_SHOW_PAYLOADS`` is not True or False."),
+    "pgbus_workflows.E015": (EVERY_CHECK, "A ``TASKS`` alias uses the workflows backend without the app installed."),
     "pgbus_workflows.E016": (
         EVERY_CHECK,
         "A database router sends the reads or writes of the app's models to another database than ``default``.",

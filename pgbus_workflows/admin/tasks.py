@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..models import DjangoTask, WorkflowStep
-from ..states import RunStatus
+from ..states import RunStatus, StepStatus
 from .display import run_url, status_badge
 from .paging import workflow_id_range
 from .records import ReadOnlyAdmin
@@ -29,12 +29,36 @@ STATES = {RunStatus.FINISHED: "SUCCESSFUL", RunStatus.CANCELLED: "FAILED"}
 BADGES = {"READY": "ready", "RUNNING": "performing", "SUCCESSFUL": "finished", "FAILED": "cancelled"}
 
 
+class TaskStateFilter(admin.SimpleListFilter):
+    """Tasks by the state ``get_result()`` gives them, as ``?state=FAILED`` (a failed task's run is cancelled)."""
+
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        """The task API's states, in the order a task goes through them."""
+        return [(state, state) for state in ("READY", "RUNNING", "SUCCESSFUL", "FAILED")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The tasks in the chosen state (``running``: the latest attempt's status, annotated by the list)."""
+        chosen = self.value()
+        ended = [status for status, state in STATES.items() if state == chosen]
+        if ended:
+            return queryset.filter(status=ended[0])
+        ongoing = queryset.exclude(status__in=list(STATES))
+        if chosen == "RUNNING":
+            return ongoing.filter(running=StepStatus.IN_PROGRESS)
+        if chosen == "READY":
+            return ongoing.filter(Q(running__isnull=True) | ~Q(running=StepStatus.IN_PROGRESS))
+        return queryset
+
+
 @admin.register(DjangoTask)
 class DjangoTaskAdmin(ReadOnlyAdmin):
     """Enqueued tasks, newest first: their function, queue, state, attempts and last error."""
 
     list_display = ("task_id", "function", "queue", "state", "attempts", "created_at", "finished_at", "last_error")
-    list_filter = ("status",)
+    list_filter = (TaskStateFilter,)
     sortable_by = ("created_at",)
     ordering = ("-id",)
     search_fields = ("workflow_id",)
@@ -84,7 +108,7 @@ class DjangoTaskAdmin(ReadOnlyAdmin):
     @admin.display(description=_("state"))
     def state(self, obj: Any) -> SafeString:
         """What ``get_result()`` says of it."""
-        name = STATES.get(obj.status) or ("RUNNING" if obj.running == "in_progress" else "READY")
+        name = STATES.get(obj.status) or ("RUNNING" if obj.running == StepStatus.IN_PROGRESS else "READY")
         return status_badge(BADGES[name], name)
 
     @admin.display(description=_("attempts"))

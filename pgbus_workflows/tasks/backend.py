@@ -5,21 +5,25 @@
 ``enqueue`` starts a run of the alias's task class (:mod:`.runs`) in the caller's transaction:
 a rolled-back request enqueues nothing, and a dispatcher sees the task when it commits (the
 start's NOTIFY goes with the commit). The dispatchers run it as any step.
+
+The app's models are imported when a task is enqueued or read, not with this module: a
+project that names the backend without installing the app gets a check message, not a crash.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
+from django.apps import apps
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 from ..exceptions import ConfigurationError
-from ..services.start import start_run
-from ..sql import clock
 from .api import BaseTaskBackend, Task, TaskResult, TaskResultStatus, normalize_json, task_enqueued
-from .results import get_result
-from .runs import task_workflow
+from .options import checked_options
+
+#: What the backend's check, ``enqueue`` and ``get_result`` say when the app is not installed.
+NOT_INSTALLED = "add 'pgbus_workflows' to INSTALLED_APPS: its dispatchers run the tasks, its tables hold them"
 
 
 class WorkflowsBackend(BaseTaskBackend):
@@ -41,7 +45,7 @@ class WorkflowsBackend(BaseTaskBackend):
         super().__init__(alias, params)
         self._options_error: ConfigurationError | None = None
         try:
-            task_workflow(alias, self.options)
+            checked_options(self.options)
         except ConfigurationError as error:
             self._options_error = error  # check() reports it; enqueue raises it
 
@@ -52,13 +56,21 @@ class WorkflowsBackend(BaseTaskBackend):
         (``normalize_json``) before anything is written.
         """
         self.validate_task(task)
+        if not apps.is_installed("pgbus_workflows"):
+            raise ImproperlyConfigured(f"{type(self).__name__}: {NOT_INSTALLED}")
         if self._options_error is not None:
             raise self._options_error
+        from ..services.start import start_run  # the app's models: see the module's docstring
+        from ..sql import clock
+        from .runs import task_workflow
+
         cls = task_workflow(self.alias, self.options)
         stored_args: list[Any] = normalize_json(list(args))  # type: ignore[assignment]
         stored_kwargs: dict[str, Any] = normalize_json(dict(kwargs))  # type: ignore[assignment]
         run_after = task.run_after
-        delay = None if run_after is None else max(run_after - clock.now(), timedelta(0))
+        # A past run_after is due since then, not since now: of one priority, tasks run in the
+        # order they became due (the claim's), whenever they were enqueued.
+        delay = None if run_after is None else run_after - clock.now()
         arguments = {
             "task": task.module_path,
             "args": stored_args,
@@ -89,11 +101,18 @@ class WorkflowsBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as stored now; ``TaskResultDoesNotExist`` for an id this alias never gave."""
+        if not apps.is_installed("pgbus_workflows"):
+            raise ImproperlyConfigured(f"{type(self).__name__}: {NOT_INSTALLED}")
+        from .results import get_result
+
         return get_result(self.alias, result_id)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """The backend's ``OPTIONS`` (and what the API's own checks say)."""
+        """The app installed, the backend's ``OPTIONS`` (and what the API's own checks say)."""
         messages = list(super().check(**kwargs))
+        if not apps.is_installed("pgbus_workflows"):
+            message = f"TASKS[{self.alias!r}] uses {type(self).__name__}, but pgbus_workflows is not installed"
+            messages.append(checks.Error(message, hint=NOT_INSTALLED, id="pgbus_workflows.E015", obj=type(self)))
         if self._options_error is not None:
             message = f"TASKS[{self.alias!r}]: {self._options_error}"
             messages.append(checks.Error(message, id="pgbus_workflows.E013", obj=type(self)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 import uuid
 from dataclasses import replace
 from datetime import datetime
@@ -103,9 +104,16 @@ def context_of(result: TaskResult) -> TaskContext:
     return TaskContext(task_result=result)
 
 
-def finished(result: TaskResult, status: TaskResultStatus, value: Any = None) -> TaskResult:
-    """``result`` as the attempt that just ended leaves it (for ``task_finished``)."""
-    ended = replace(result, status=status, finished_at=clock.now())
-    if status == TaskResultStatus.SUCCESSFUL:
+def finished(result: TaskResult, value: Any = None, error: BaseException | None = None) -> TaskResult:
+    """``result`` as the attempt that just ended leaves it (for ``task_finished``): FAILED with
+    ``error`` last in its ``errors``, else SUCCESSFUL with ``value``."""
+    if error is None:
+        ended = replace(result, status=TaskResultStatus.SUCCESSFUL, finished_at=clock.now())
         object.__setattr__(ended, "_return_value", value)
-    return ended
+        return ended
+    klass = type(error)
+    failure = TaskError(
+        exception_class_path=f"{klass.__module__}.{klass.__qualname__}",
+        traceback="".join(traceback.format_exception(klass, error, error.__traceback__)),
+    )
+    return replace(result, status=TaskResultStatus.FAILED, finished_at=clock.now(), errors=[*result.errors, failure])

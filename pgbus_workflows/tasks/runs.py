@@ -10,19 +10,14 @@ arguments, its queue and priority (each attempt is routed by them) and the backe
 from __future__ import annotations
 
 import inspect
-from datetime import timedelta
 from typing import Any
 
-from ..dsl.backoff import Backoff, backoff
 from ..dsl.decorators import step
 from ..dsl.definitions import OnException, StepDefinition
-from ..exceptions import ConfigurationError
 from ..models import TASK_CLASS_PREFIX, WorkflowRun
 from ..workflow import Workflow
+from .options import checked_options
 from .results import context_of, finished, running_result, task_of
-
-#: ``OPTIONS`` keys and their defaults: one attempt (the API retries nothing), then 10 s, doubling.
-DEFAULT_OPTIONS: dict[str, Any] = {"ATTEMPTS": 1, "BACKOFF": 10}
 
 
 class TaskRun(Workflow):
@@ -43,39 +38,47 @@ class TaskRun(Workflow):
         """Call the task's function (with its context first when it takes one); its value is the output.
 
         Sends the API's ``task_started`` before and ``task_finished`` after the function (for
-        an ``async def`` one, once it was awaited), as Django's own backends do.
+        an ``async def`` one, once it was awaited), from the backend's class, with the
+        ``TaskResult`` as Django's ``ImmediateBackend`` sends them: the return value, or the
+        error that failed the attempt last in ``errors``.
         """
-        from .api import TaskResultStatus, task_finished, task_started
+        from .api import task_started
 
         step = self._step_context("a task").step
         task = task_of(self.arguments, self.alias)
+        sender = type(task.get_backend())
         result = running_result(self.record, step)
-        task_started.send(type(self), task_result=result)
+        task_started.send(sender, task_result=result)
         arguments = list(self.arguments["args"])
         if task.takes_context:
             arguments.insert(0, context_of(result))
         try:
             value = task.func(*arguments, **self.arguments["kwargs"])
             if inspect.isawaitable(value):
-                return _awaited(value, result)
+                return _awaited(value, result, sender)
             value = normalize_json(value)
-        except BaseException:
-            task_finished.send(type(self), task_result=finished(result, TaskResultStatus.FAILED))
+        except BaseException as error:
+            _send_finished(sender, result, error=error)
             raise
-        task_finished.send(type(self), task_result=finished(result, TaskResultStatus.SUCCESSFUL, value))
+        _send_finished(sender, result, value=value)
         return value
 
 
-async def _awaited(coroutine: Any, result: Any) -> Any:
-    from .api import TaskResultStatus, task_finished
-
+async def _awaited(coroutine: Any, result: Any, sender: type) -> Any:
     try:
         value = normalize_json(await coroutine)
-    except BaseException:
-        task_finished.send(TaskRun, task_result=finished(result, TaskResultStatus.FAILED))
+    except BaseException as error:
+        _send_finished(sender, result, error=error)
         raise
-    task_finished.send(TaskRun, task_result=finished(result, TaskResultStatus.SUCCESSFUL, value))
+    _send_finished(sender, result, value=value)
     return value
+
+
+def _send_finished(sender: type, result: Any, value: Any = None, error: BaseException | None = None) -> None:
+    """``task_finished`` of the attempt that just ended (sent inside the ``except`` of a failure, for its logging)."""
+    from .api import task_finished
+
+    task_finished.send(sender, task_result=finished(result, value=value, error=error))
 
 
 def normalize_json(value: Any) -> Any:
@@ -111,21 +114,3 @@ def task_workflow(alias: str, options: dict[str, Any] | None = None) -> type[Tas
     cls: type[TaskRun] = type(f"TaskRun[{alias}]", (TaskRun,), namespace)
     _classes[alias] = cls
     return cls
-
-
-def checked_options(options: dict[str, Any]) -> tuple[int, Backoff]:
-    """``(attempts, backoff)`` of a backend's ``OPTIONS``; ``ConfigurationError`` on anything else."""
-    if not isinstance(options, dict):
-        raise ConfigurationError(f"OPTIONS must be a dict, got {options!r}")
-    unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-    if unknown:
-        raise ConfigurationError(f"OPTIONS has unknown keys {unknown}: known are {sorted(DEFAULT_OPTIONS)}")
-    attempts = options.get("ATTEMPTS", DEFAULT_OPTIONS["ATTEMPTS"])
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ConfigurationError(f"OPTIONS['ATTEMPTS'] must be an integer >= 1, got {attempts!r}")
-    wait = options.get("BACKOFF", DEFAULT_OPTIONS["BACKOFF"])
-    if isinstance(wait, Backoff):
-        return attempts, wait
-    if isinstance(wait, bool) or not isinstance(wait, int | float | timedelta):
-        raise ConfigurationError(f"OPTIONS['BACKOFF'] must be seconds, a timedelta or backoff(...), got {wait!r}")
-    return attempts, backoff(wait)

@@ -312,3 +312,21 @@ def test_retention_deletes_a_finished_task_as_it_deletes_a_run():
         eventually(lambda: not drain() and not WorkflowRun.objects.exists(), what="the sweep's retention")
     with pytest.raises(TaskResultDoesNotExist):
         result.refresh()
+
+
+def test_the_tasks_list_filters_by_the_state_get_result_gives(admin_client):
+    from pgbus_workflows.services.claims import claim_due_steps
+
+    failed = tasks.fails.enqueue("boom")
+    done = tasks.add.enqueue(1, 2)
+    drain()
+    running = tasks.noted.enqueue("claimed")
+    assert len(claim_due_steps(1, claimed_by="test")) == 1
+    ready = tasks.noted.enqueue("waiting")
+    url = reverse("admin:pgbus_workflows_djangotask_changelist")
+    everything = (failed, done, running, ready)
+    for state, expected in (("FAILED", failed), ("SUCCESSFUL", done), ("RUNNING", running), ("READY", ready)):
+        assert task_backends["default"].get_result(expected.id).status == state
+        page = admin_client.get(url, {"state": state}).content.decode()
+        assert [result.id in page for result in everything] == [result is expected for result in everything], state
+    assert "?state=FAILED" in admin_client.get(url).content.decode()

@@ -74,3 +74,9 @@ def hangs_first_time(key):
     if SideEffect.objects.filter(label="hangs-start", key=str(key)).count() == 1:
         time.sleep(60)
     return "done"
+
+
+@task
+async def async_fails(message):
+    await asyncio.sleep(0)
+    raise ValueError(message)

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 
 from ...dispatcher import WorkflowDispatcher
 from ...exceptions import NotMigrated
@@ -152,7 +152,14 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        """Configure logging from --verbosity and run the dispatcher."""
+        """Configure logging from --verbosity and run the dispatcher; refused inside an open transaction."""
+        if transaction.get_connection().in_atomic_block:
+            # The claims would run on the caller's connection, inside its transaction: a task or
+            # a step it wrote would run before it commits, where no other connection sees it.
+            raise CommandError(
+                "run_workflow_dispatcher cannot run inside an open transaction (transaction.atomic(), "
+                "or a TestCase): call it outside atomic(), in a test from a TransactionTestCase"
+            )
         self.configure_logging(options["verbosity"])
         if options["metrics_port"] is not None:
             self.serve_metrics(options["metrics_port"], options["metrics_address"])

@@ -1,0 +1,10 @@
+"""Settings for Django's own task tests run against ``WorkflowsBackend`` (``run.py``).
+
+The test suite's settings (PostgreSQL from ``DATABASE_URL``), with a test database of their
+own so that the run can go beside the suite's.
+"""
+
+from tests.settings import *  # noqa: F403 - the suite's settings, and two changes below
+
+DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_upstream"}  # noqa: F405
+TASKS = {"default": {"BACKEND": "pgbus_workflows.tasks.WorkflowsBackend"}}

@@ -62,6 +62,27 @@ def round_trips() -> Iterator[Callable[[], int]]:
             counted.append(sum("\tReadyForQuery" in line for line in trace if line.startswith("B")))
 
 
+# -- locks ---------------------------------------------------------------------------------------
+
+
+def sessions_waiting_for_a_lock(query_like: str = "", conn: Any = None) -> list[int]:
+    """The pids of the other sessions on this database that wait for a lock now.
+
+    ``query_like``: only those whose statement holds this text (an ``INSERT INTO`` a table...).
+    Asked on ``conn`` (a psycopg connection in autocommit), else on Django's connection, which
+    must be in autocommit too: a transaction keeps its first view of ``pg_stat_activity``.
+    """
+    sql = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND pid <> pg_backend_pid() AND position(%s in query) > 0"
+    )
+    if conn is not None:
+        return [pid for (pid,) in conn.execute(sql, [query_like]).fetchall()]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [query_like])
+        return [pid for (pid,) in cursor.fetchall()]
+
+
 # -- side effects --------------------------------------------------------------------------------
 
 

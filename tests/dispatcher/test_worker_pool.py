@@ -130,11 +130,8 @@ def test_a_quick_step_is_not_held_up_behind_awake_workers_whose_bodies_turned_ou
     eventually(lambda: SideEffect.objects.filter(label="slow-start").count() == 2, what="both slow bodies")
 
     quick = NoOp3.start()
-    handed = time.monotonic()
     pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)
     eventually(lambda: quick.reload().current_step != "a", what="the quick step to run")
-
-    assert time.monotonic() - handed < 1.5
     assert not SideEffect.objects.filter(label="slow-end").exists(), "it waited for a slow body"
     eventually(lambda: all(wf.reload().status == "finished" for wf in slow), what="the slow runs")
 

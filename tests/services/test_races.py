@@ -17,14 +17,14 @@ from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.states import ONGOING_RUN
-from tests.support import kinds, steps_of
+from tests.procs import eventually
+from tests.support import kinds, sessions_waiting_for_a_lock, steps_of
 from tests.testapp.models import Receipt, SideEffect
 from tests.threads import JOIN_TIMEOUT, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: A verb that takes no lock held by a step body returns well within this.
-PROMPT = 5.0
 
 #: Set by a gated body once it runs; the body then blocks until RELEASE is set.
 ENTERED = threading.Event()
@@ -132,11 +132,13 @@ def test_pause_during_a_running_body_keeps_its_outcome_and_holds(order):
     worker.start()
     assert ENTERED.wait(JOIN_TIMEOUT)
 
-    started = time.monotonic()
-    wf.pause(actor="alice", reason="look first")
-    assert time.monotonic() - started < PROMPT, "pause waited for the body: the body holds a lock"
+    # The body waits for RELEASE: a pause that waited for it would never end, so it runs on a
+    # thread of its own that must end while the body still waits.
+    pausing = Worker(lambda: wf.pause(actor="alice", reason="look first"))
+    pausing.start()
+    pausing.finish()
     assert worker.is_alive()
-    assert wf.status == "paused"
+    assert wf.reload().status == "paused"
     assert WorkflowStep.objects.get(run_id=wf.record.pk, step_name="slow").status == "in_progress"
 
     RELEASE.set()
@@ -193,11 +195,11 @@ def test_cancel_during_a_running_body_discards_its_outcome(order):
     worker.start()
     assert ENTERED.wait(JOIN_TIMEOUT)
 
-    started = time.monotonic()
-    wf.cancel(actor="bob", reason="customer asked")
-    assert time.monotonic() - started < PROMPT, "cancel waited for the body: the body holds a lock"
+    cancelling = Worker(lambda: wf.cancel(actor="bob", reason="customer asked"))  # while the body waits
+    cancelling.start()
+    cancelling.finish()
     assert worker.is_alive()
-    assert wf.status == "cancelled"
+    assert wf.reload().status == "cancelled"
     (active,) = steps_of(wf)
     assert (active.status, active.outcome) == ("cancelled", "cancelled")
 
@@ -247,7 +249,8 @@ def test_pause_waits_for_an_atomic_body_to_commit(order):
 
     pauser = Worker(lambda: RaceAtomicGate.find(wf.workflow_id).pause(actor="alice", reason="wait"))
     pauser.start()
-    time.sleep(0.3)  # let pause() reach the run's lock and block there
+    # pause() waits for the run's lock, which the atomic body's transaction holds.
+    eventually(sessions_waiting_for_a_lock, what="pause() waiting for the run's lock")
     assert pauser.is_alive(), "pause returned while the atomic body still held the run"
     assert WorkflowRun.objects.get(pk=wf.record.pk).status == "performing"
     assert not Receipt.objects.exists()

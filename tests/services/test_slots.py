@@ -1,6 +1,7 @@
 """Concurrency slots beyond the claim and the outcome: a cancelled body keeps its slot, the sweep repairs leaks."""
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -9,13 +10,17 @@ from django.db import transaction
 from pgbus_workflows import Concurrency, Workflow, step
 from pgbus_workflows.conf import settings
 from pgbus_workflows.dispatcher.sweep import Sweeper
+from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowLimiter, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.slot_sweep import give_back_stalled, reconcile
 from pgbus_workflows.services.stuck import gauge
 from pgbus_workflows.sql import clock
+from tests.procs import eventually
 from tests.support import scheduled
+from tests.testapp.limited_workflows import KeyedGate
+from tests.testapp.models import SideEffect
 from tests.threads import Worker
 
 QUEUE = "slots_account"
@@ -147,7 +152,7 @@ def test_a_cancelled_attempt_whose_dispatcher_is_gone_gives_its_slot_back():
 
 
 @pytest.mark.django_db
-def test_reconcile_repairs_slots_leaked_by_rows_deleted_outside_the_library_and_leaves_right_counts_alone():
+def test_reconcile_repairs_slots_leaked_by_rows_deleted_outside_the_library_and_leaves_right_counts_alone(caplog):
     _alive()
     SlotSync.start(account=6)
     SlotSync.start(account=7)
@@ -157,14 +162,14 @@ def test_reconcile_repairs_slots_leaked_by_rows_deleted_outside_the_library_and_
     WorkflowRun.objects.filter(pk=claimed[6].run_id).delete()  # outside the library: the slot stays taken
 
     assert [_in_use(f"concurrency:slots:{n}") for n in (6, 7, 8)] == [1, 1, 1]
-    assert reconcile(clock.now()) == 1
+    assert Sweeper().run(clock.now())["limiter_slots"] == 1
 
     assert [_in_use(f"concurrency:slots:{n}") for n in (6, 7, 8)] == [0, 1, 1]
     assert WorkflowLimiter.objects.get(name="concurrency:slots:6").repaired_at is not None
     assert WorkflowLimiter.objects.get(name="concurrency:slots:7").repaired_at is None  # in progress: right
     assert WorkflowLimiter.objects.get(name="concurrency:slots:8").repaired_at is None  # the cancelled body's
+    assert "Limiter concurrency:slots:6 counted 1 slot(s) in use, but 0 attempt(s) hold one: repaired" in caplog.text
     assert reconcile(clock.now()) == 0
-    assert Sweeper().run(clock.now())["limiter_slots"] == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -244,3 +249,26 @@ def test_a_changed_key_function_applies_to_steps_scheduled_after_it_so_old_and_n
     assert scheduled(before).limiters == ["concurrency:v2:11"]
     [old_key] = _claim()
     assert old_key.run_id == waiting.record.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_cancelled_while_queued_in_a_dispatchers_pool_gives_its_slot_back_without_running():
+    stopping, lost = threading.Event(), threading.Event()
+    pool = WorkerPool(name="slots-pool", queues=None, size=1, stopping=stopping, on_free=lambda: None, on_lost=lost.set)
+    pool.start()
+    try:
+        gate = KeyedGate.start(account="pool")
+        pool.hand_out(claim_due_steps(1, queues=["gated"], claimed_by="slots-pool"), verify=True)
+        eventually(lambda: SideEffect.objects.filter(label="gate-start").exists(), what="the gated body to start")
+        queued = SlotSync.start(account=12)
+        pool.hand_out(_claim(), verify=True)  # the one worker is in a body: the claim waits in the shared queue
+        queued.cancel()
+        SideEffect.objects.create(label="gate-open", key=str(gate.workflow_id))
+
+        eventually(lambda: _in_use("concurrency:slots:12") == 0, what="the cancelled claim's slot to come back")
+        eventually(lambda: gate.reload().status == "finished", what="the gated run to finish")
+        assert not WorkflowEvent.objects.filter(run=queued.record, kind="outcome_discarded").exists()  # never ran
+    finally:
+        stopping.set()
+        assert not pool.join(time.monotonic() + 30), "a worker did not finish"
+    assert not lost.is_set()

@@ -45,12 +45,12 @@ def give_back_stalled(now: datetime, failures: RowFailures | None = None) -> int
     """
     failures = failures or RowFailures()
     alive = live_dispatchers(now)
-    holders = WorkflowStep.objects.filter(holds_slots=True).exclude(pk__in=failures.passed_over("cancelled_slots"))
-    found = holders.order_by("pk").values_list("pk", "run_id", "stall_at", "claimed_by")[:BATCH_SIZE]
+    gone = ~Q(claimed_by="") & ~Q(claimed_by__in=sorted(alive))
+    stalled = WorkflowStep.objects.filter(Q(stall_at__isnull=True) | Q(stall_at__lt=now) | gone, holds_slots=True)
+    found = stalled.exclude(pk__in=failures.passed_over("cancelled_slots")).order_by("pk")
     return sum(
         failures.act("cancelled_slots", pk, run_pk, partial(_give_back_stalled, pk, run_pk, now, alive))
-        for pk, run_pk, stall_at, claimed_by in found
-        if _stalled(stall_at, claimed_by, now, alive)
+        for pk, run_pk in found.values_list("pk", "run_id")[:BATCH_SIZE]
     )
 
 

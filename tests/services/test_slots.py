@@ -56,6 +56,23 @@ class PairSync(Workflow):
         return None
 
 
+class GuardedSync(Workflow):
+    """A step that waits for a signal and an atomic one, under one key per account."""
+
+    name = "slots_guarded"
+    allow_multiple = True
+    step_options = {"queue": "slots_guarded"}
+    concurrency = Concurrency(key=lambda wf: f"guarded:{wf.arguments['account']}", limit=1)
+
+    @step(wait_for="ack")
+    def acknowledged(self):
+        return None
+
+    @step(atomic=True)
+    def booked(self):
+        return None
+
+
 def _claim(queue: str = QUEUE) -> list[WorkflowStep]:
     return claim_due_steps(10, queues=[queue], claimed_by="slots-dispatcher")
 
@@ -101,6 +118,21 @@ def test_an_attempt_cancelled_before_its_body_ran_gives_its_slot_back_when_its_d
 
     assert _in_use("concurrency:slots:2") == 0
     assert not WorkflowStep.objects.get(pk=claimed.pk).holds_slots
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("first_step", ["acknowledged", "booked"])
+def test_a_wait_for_or_atomic_step_cancelled_before_its_body_ran_gives_its_slot_back(first_step):
+    wf = GuardedSync.start(account=first_step)
+    if first_step == "booked":
+        wf.pause()
+        wf.resume_at("booked")
+    [claimed] = _claim("slots_guarded")
+    wf.cancel()
+
+    assert execute_step(claimed, verify=False) is None  # the signal's gate, the atomic unit: it never runs
+
+    assert _in_use(f"concurrency:guarded:{first_step}") == 0
 
 
 @pytest.mark.django_db

@@ -181,7 +181,7 @@ class WorkflowLimiterAdmin(ReadOnlyAdmin):
     Named ``concurrency:<key>`` and ``rate:<key>``; searched by the start of the name.
     """
 
-    list_display = ("name", "kind", "limit", "in_use", "per", "tokens", "available_at")
+    list_display = ("name", "kind", "limit", "in_use", "per", "tokens", "available_at", "repaired_at")
     list_filter = ("kind",)
     sortable_by = ("name",)
     search_fields = ("name",)

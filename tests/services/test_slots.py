@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.urls import reverse
 
 from pgbus_workflows import Concurrency, Workflow, step
 from pgbus_workflows.conf import settings
@@ -304,3 +305,17 @@ def test_a_claim_cancelled_while_queued_in_a_dispatchers_pool_gives_its_slot_bac
         stopping.set()
         assert not pool.join(time.monotonic() + 30), "a worker did not finish"
     assert not lost.is_set()
+
+
+@pytest.mark.django_db
+def test_the_limiters_list_says_when_the_sweep_repaired_a_keys_slots(admin_client):
+    SlotSync.start(account=14)
+    [claimed] = _claim()
+    WorkflowRun.objects.filter(pk=claimed.run_id).delete()
+    reconcile(clock.now())
+
+    html = admin_client.get(reverse("admin:pgbus_workflows_workflowlimiter_changelist")).content.decode()
+
+    assert "Slots repaired at" in html
+    assert '<td class="field-repaired_at nowrap">-</td>' not in html  # the one key was repaired: a time
+    assert '<td class="field-repaired_at nowrap">' in html

@@ -138,3 +138,21 @@ def test_a_cancelled_running_step_keeps_its_keys_slot_until_its_body_returns(dis
     SideEffect.objects.create(label="gate-open", key=str(second.workflow_id))
     eventually(_all_finished(KeyedGate, 1), what="the second run to finish")
     assert WorkflowLimiter.objects.get(name="concurrency:gate:c").in_use == 0
+
+
+def test_a_cancelled_step_whose_dispatcher_is_killed_gives_its_slot_back_at_the_next_sweep(dispatchers):
+    victim = dispatchers("--no-sweep", "--concurrency", "2", settings=FAST)
+    first = KeyedGate.start(account="killed")
+    eventually(lambda: _effect("gate-start", first), what="the first body to start")
+    second = KeyedGate.start(account="killed")
+    first.cancel(reason="test")
+    assert WorkflowLimiter.objects.get(name="concurrency:gate:killed").in_use == 1
+
+    victim.kill()  # the cancelled body never returns
+    dispatchers("--concurrency", "2", settings=FAST)
+
+    eventually(lambda: _effect("gate-start", second), timeout=30, what="the held-back run to take the freed slot")
+    assert _effect("gate-end", first) is None
+    assert not WorkflowStep.objects.filter(run=first.record, holds_slots=True).exists()
+    SideEffect.objects.create(label="gate-open", key=str(second.workflow_id))
+    eventually(_all_finished(KeyedGate, 1), what="the second run to finish")

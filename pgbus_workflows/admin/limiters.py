@@ -76,7 +76,7 @@ class WorkflowLimiterAdmin(ReadOnlyAdmin):
     start of the name.
     """
 
-    list_display = ("limiter_name", "kind", "limit", "per", "room")
+    list_display = ("limiter_name", "kind", "limit", "per", "room", "repaired_at")
     list_filter = (KindFilter,)
     ordering = (NaturalName().asc(),)
     sortable_by = ("limiter_name",)

@@ -10,6 +10,9 @@ is logged and retried next time without stopping the others):
   ``dead_dispatcher``).
 - ``stalled``: an in-progress step past its ``stall_at`` (started + ``timeout=`` or
   ``STALL_THRESHOLD``) gets ``STALL_ACTION`` (detection ``stall_at``).
+- ``cancelled_slots``: a cancelled attempt that kept its concurrency slots for its running
+  body gives them back once it is stalled: past its ``stall_at``, or its dispatcher gone
+  (``services.slot_sweep``).
 - ``gravestones``: a waiting run parked in a step the code replaced by ``removed_step()``
   moves on to the next step (``services.deploys``).
 - ``wait_timeouts``: waiting steps of waiting runs past their ``timeout_at`` get their
@@ -22,6 +25,9 @@ is logged and retried next time without stopping the others):
   longer paused (resumed by code older than the flag) is released (``services.deploys``).
 - ``lost_fan_outs``: a fan-out still waiting although all its jobs ended (its dispatcher died
   between the last job's end and the resolution) is resolved as the last job would have.
+- ``limiter_slots``: each concurrency limiter's ``in_use`` is set to the attempts really
+  holding one of its slots, its row locked first (rows deleted outside the library leak
+  slots); each repair is a warning in the log and the limiter's ``repaired_at``.
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
   runs older than ``RETENTION`` are deleted in batches of 500, at most ten batches a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
@@ -54,6 +60,7 @@ from ..services.isolation import RowFailures
 from ..services.retention import BATCH_SIZE as RETENTION_BATCH
 from ..services.retention import delete_expired_runs
 from ..services.schedules import delete_expired_schedule_events
+from ..services.slot_sweep import give_back_stalled, reconcile
 from ..services.stuck import gauge
 from ..services.waiting import expire_due_waits
 from ..sql import clock
@@ -162,12 +169,14 @@ class Sweeper:
         phases: list[tuple[str, Callable[[datetime], int]]] = [
             ("dead_dispatchers", partial(stall_dead_dispatchers, failures=failures)),
             ("stalled", partial(stall_overdue_steps, failures=failures)),
+            ("cancelled_slots", partial(give_back_stalled, failures=failures)),
             ("stalled_jobs", partial(recover_jobs, failures=failures)),
             ("gravestones", partial(skip_parked_gravestones, failures=failures)),
             ("wait_timeouts", partial(expire_due_waits, failures=failures)),
             ("unknown_steps", partial(pause_unknown_steps, failures=failures)),
             ("stray_holds", partial(release_stray_holds, failures=failures)),
             ("lost_fan_outs", partial(resolve_lost_fan_outs, failures=failures)),
+            ("limiter_slots", reconcile),
         ]
         if cleanup:
             phases.append(("cleanup", partial(delete_expired_runs, max_batches=CLEANUP_BATCHES)))

@@ -22,6 +22,7 @@ from django.db import connection
 from ..conf import settings
 from ..models import FanOutJob, WorkflowStep
 from ..services.claims import still_in_progress
+from ..services.slots import give_back_unrun
 from .coroutines import CoroutineLoop
 from .lanes import Lane, Queued, Work, work_key
 
@@ -262,6 +263,7 @@ class WorkQueues:
             )
         if gone:
             self._release(gone)  # cancelled (or stalled) between the claim and now: they never run
+            give_back_unrun(gone)
 
     def _steal(self) -> tuple[Queued | None, float]:
         """Work queued behind a body running for over ``BATCH_WINDOW``; else how long to wait.

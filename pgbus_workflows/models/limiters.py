@@ -32,6 +32,9 @@ class WorkflowLimiter(models.Model):
     refilled_at = models.DateTimeField(_("refilled at"), null=True, blank=True)
     #: Rate limit, emptied bucket: when its next token comes (the dispatchers' loop wakes then).
     available_at = models.DateTimeField(_("next token at"), null=True, blank=True)
+    #: Concurrency: when the sweep last set ``in_use`` to the attempts really holding a slot
+    #: (rows deleted outside the library had leaked some; ``services.slots.reconcile``).
+    repaired_at = models.DateTimeField(_("slots repaired at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
 
     class Meta:

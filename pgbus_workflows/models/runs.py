@@ -252,6 +252,10 @@ class WorkflowStep(models.Model):
     #: The names of the limiters (``WorkflowLimiter``) this attempt is under, or None: a step
     #: of a class without ``Concurrency`` or ``RateLimit``, which the claim takes as before.
     limiters = models.JSONField(_("limiters"), null=True, blank=True)
+    #: A cancelled attempt whose body may still run: it keeps its concurrency slots until the
+    #: body returns or the sweep finds it stalled (``services.slots``). In progress, an attempt
+    #: holds them by its status alone.
+    holds_slots = models.BooleanField(_("holds its slots"), default=False, db_default=False)
     #: Set on a fan-out attempt: how many jobs it opened.
     fan_out_total = models.PositiveIntegerField(_("fan-out jobs"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
@@ -297,6 +301,8 @@ class WorkflowStep(models.Model):
                 condition=Q(status=StepStatus.SCHEDULED, limiters__isnull=False, held=False),
                 name="pgbus_wf_step_limited",
             ),
+            # The cancelled attempts that still hold slots (the sweep gives back a stalled one's).
+            models.Index(fields=["stall_at"], condition=Q(holds_slots=True), name="pgbus_wf_step_holds_slots"),
         ]
 
     def __str__(self) -> str:

@@ -23,6 +23,7 @@ from ..conf import settings
 from ..models import WorkflowStep
 from ..sql import clock
 from ..states import StepStatus
+from . import slots
 from .applying import apply_instead
 from .body import log_outcome, run_body
 from .chain import Chain
@@ -90,6 +91,7 @@ def _unit(
     attempt.chained.clear()
     with locked_step(step.run_id, step.pk, savepoint=False) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            slots.give_back(ledger, locked)  # cancelled before its body ran
             return
         _bound_transaction(limit - (time.monotonic() - began))
         workflow.record = ledger.run

@@ -17,7 +17,7 @@ from ..dsl.declared import registry
 from ..exceptions import StepNotDefined
 from ..models import WorkflowStep
 from ..states import StepStatus
-from . import waiting
+from . import slots, waiting
 from .applying import apply_outcomes
 from .atomic import execute_atomic
 from .body import Awaiting, start_body
@@ -86,7 +86,8 @@ def begin_step(
     The dispatcher awaits it on its event loop and settles it on a worker thread.
     """
     if verify and not _still_in_progress(step):
-        return None  # cancelled (or stalled) between the claim and now: nothing runs
+        slots.give_back_unrun([step])  # cancelled (or stalled) between the claim and now: nothing runs
+        return None
     return tracing.traced_attempt(step, partial(_attempt, step, chain))
 
 
@@ -177,6 +178,7 @@ def _gate(
     """
     with locked_step(step.run_id, step.pk) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            slots.give_back(ledger, locked)  # cancelled before its body ran
             return None
         if locked.signal_id is not None:
             return StepContext(step=locked, received_signal=locked.signal)

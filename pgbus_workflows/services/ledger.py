@@ -169,8 +169,7 @@ class RunLedger:
         """Move an attempt through ``event`` (``states.STEP_EVENTS``, checked) and save it."""
         target = step_event(event, step.status)
         if released := limiting.releases(step, step.status, target):
-            self.releasing += released  # given back at flush, unless handed over to the run's next step
-            self._releasing_queue = step.queue
+            self.give_back(released, step.queue)  # unless handed over to the run's next step
         step.status = target
         for name, value in fields.items():
             setattr(step, name, value)
@@ -190,6 +189,11 @@ class RunLedger:
             rows.update(step, ["status", *fields])
         else:
             self.writes.update(step, ["status", *fields])
+
+    def give_back(self, names: list[str], queue: str) -> None:
+        """Give back these concurrency slots at flush, and wake the dispatchers of ``queue`` then."""
+        self.releasing += names
+        self._releasing_queue = queue
 
     def schedule(
         self,

@@ -14,7 +14,7 @@ from ..dsl.declared import registry
 from ..exceptions import InvalidTransition, NotPaused, StepNotDefined
 from ..models import WorkflowRun, WorkflowStep
 from ..states import TERMINAL_RUN, RunFacts, RunStatus, StepOutcomeKind, StepStatus, allowed_verbs
-from . import fanout, waiting
+from . import fanout, slots, waiting
 from .ledger import RunLedger
 from .locks import locked_run
 from .outcome import StepOutcome, continue_after, return_signal
@@ -71,7 +71,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
         definition = ledger.cls.require_step(step_name)
         if active is not None:
             _return_unused_signal(ledger, active, "resume_at")
-            ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
+            slots.cancel_attempt(ledger, active, StepOutcomeKind.CANCELLED)
             _abandon_fan_out(ledger, active, f"its parent was resumed at {step_name}")
         step = ledger.schedule(definition, wait=timedelta(0))
         ledger.transition(
@@ -87,11 +87,14 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
 
 
 def cancel(pk: int, *, actor: str | None = None, reason: str | None = None) -> WorkflowRun:
-    """Cancel an ongoing run; its active attempt is cancelled (a running body's outcome is discarded)."""
+    """Cancel an ongoing run; its active attempt is cancelled (a running body's outcome is discarded).
+
+    A running body keeps its concurrency slots until it returns or is stalled (``services.slots``).
+    """
     with locked_run(pk) as ledger:
         active = _admit(ledger, "cancel")
         if active is not None:
-            ledger.move_step(active, "cancel", outcome=StepOutcomeKind.CANCELLED)
+            slots.cancel_attempt(ledger, active, StepOutcomeKind.CANCELLED)
             _abandon_fan_out(ledger, active, "its parent was cancelled" + (f": {reason}" if reason else ""))
         ledger.transition(
             "cancel", RunStatus.CANCELLED, kind="cancelled", actor=actor or DEFAULT_ACTOR, reason=reason, step=active

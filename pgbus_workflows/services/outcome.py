@@ -18,6 +18,7 @@ from ..exceptions import StepNotDefined, StepStalled
 from ..models import FanOutJob, WorkflowSignal, WorkflowStep
 from ..sql import rows
 from ..states import SIGNAL_EVENTS, RunStatus, StepOutcomeKind, StepStatus
+from . import slots
 from .children import open_children
 from .ledger import RunLedger
 from .payload import storable_text
@@ -75,7 +76,8 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
     """End the in-progress attempt ``step`` with ``outcome`` and move the run on.
 
     An attempt that is no longer in progress (cancelled, or stalled by the sweep while it
-    ran) keeps its state: the late outcome is only recorded as ``outcome_discarded``.
+    ran) keeps its state: the late outcome is only recorded as ``outcome_discarded`` (and a
+    cancelled attempt's slots are given back: its body is over).
     """
     if step.status != StepStatus.IN_PROGRESS:
         ledger.event(
@@ -83,6 +85,7 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
             step=step,
             details={"outcome": outcome.kind, "step_status": step.status, **_error_details(outcome)},
         )
+        slots.give_back(ledger, step)  # a cancelled attempt kept its slots while its body ran
         return
     definition = ledger.cls.step_definition(step.step_name)
     actor, reason = outcome.actor, outcome.reason

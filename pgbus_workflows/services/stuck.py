@@ -13,15 +13,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, Subquery
 
 from .. import sql
 from ..conf import settings
 from ..dsl.declared import registry
 from ..dsl.limits import declared_limits
-from ..models import WorkflowRun, WorkflowStep
+from ..models import WorkflowLimiter, WorkflowRun, WorkflowStep
 from ..sql.counting import bounded_pair_counts, distinct_values, planner_estimate
 from ..states import RunStatus, StepStatus
+from . import limiting
 from .fanout_recovery import ended_fan_outs
 from .limiting import held_back_counts
 
@@ -60,13 +61,11 @@ def stuck_querysets(now: datetime, classes: Sequence[str] | None = None) -> dict
     """
     threshold = settings.STALL_THRESHOLD
     steps = WorkflowStep.objects.filter(run_id=OuterRef("pk"))
+    overdue = steps.filter(status=StepStatus.SCHEDULED, scheduled_at__lt=now - threshold)
     runs = WorkflowRun.objects.all() if classes is None else WorkflowRun.objects.filter(workflow_class__in=classes)
     return {
         "stalled": runs.filter(Exists(steps.filter(status=StepStatus.IN_PROGRESS, stall_at__lt=now))),
-        "overdue": runs.filter(
-            Exists(steps.filter(status=StepStatus.SCHEDULED, scheduled_at__lt=now - threshold)),
-            status=RunStatus.READY,
-        ),
+        "overdue": runs.filter(Exists(_not_held_back(overdue, now - threshold, now)), status=RunStatus.READY),
         "waiting_overdue": runs.filter(
             Exists(
                 steps.filter(
@@ -83,6 +82,24 @@ def stuck_querysets(now: datetime, classes: Sequence[str] | None = None) -> dict
         # Jobs all ended, the resolution not yet written (the next sweep pass writes it).
         "fan_out_unresolved": runs.filter(Exists(ended_fan_outs().filter(run_id=OuterRef("pk")))),
     }
+
+
+def _not_held_back(overdue: Any, due_before: datetime, now: datetime) -> Any:
+    """The ``overdue`` attempts but those a limit with no room holds back (a step waiting its turn is not stuck).
+
+    The limiters of the claimable attempts under limits due before ``due_before`` are read
+    through their partial index (``pgbus_wf_step_limited``), then those rows by name: the
+    cost grows with such attempts, never with the queue or the limiters. A step's limiters
+    are a JSON array, whose elements ``has_any_keys`` tests (``?|`` on PostgreSQL).
+    """
+    limited = WorkflowStep.objects.filter(
+        status=StepStatus.SCHEDULED, held=False, limiters__isnull=False, scheduled_at__lt=due_before
+    )
+    names = {name for limiters in limited.values_list("limiters", flat=True) for name in limiters or ()}
+    full = sorted(row.name for row in WorkflowLimiter.objects.filter(name__in=names) if limiting.room(row, now) < 1)
+    if not full:
+        return overdue
+    return overdue.exclude(Q(limiters__isnull=False) & Q(limiters__has_any_keys=full))
 
 
 def stuck_counts(now: datetime, classes: Sequence[str] | None = None) -> dict[tuple[str, str], int]:

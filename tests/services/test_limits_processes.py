@@ -7,7 +7,7 @@ import pytest
 
 from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowLimiter, WorkflowRun, WorkflowStep
 from tests.procs import eventually
-from tests.testapp.limited_workflows import KeyedSleeper, RateLimited
+from tests.testapp.limited_workflows import KeyedGate, KeyedSleeper, RateLimited, Unlimited
 from tests.testapp.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,3 +109,50 @@ def test_a_sigkilled_dispatcher_holds_its_slot_no_longer_than_the_stall_threshol
     killed = WorkflowStep.objects.filter(run=first.record, step_name="work").order_by("pk").first()
     assert killed.error_class.endswith("StepStalled"), survivor.output()
     assert WorkflowEvent.objects.filter(kind="step_stalled", step=killed).exists()
+
+
+def _effect(label, wf):
+    return SideEffect.objects.filter(label=label, key=str(wf.workflow_id)).first()
+
+
+def test_a_cancelled_running_step_keeps_its_keys_slot_until_its_body_returns(dispatchers):
+    dispatchers("--concurrency", "3", settings=FAST)  # a thread for each body, and one for the step under no limit
+    first = KeyedGate.start(account="c")
+    eventually(lambda: _effect("gate-start", first), what="the first body to start")
+    second = KeyedGate.start(account="c")
+
+    first.cancel(reason="test")
+    # A step under no limit, due after the held-back one: once the dispatcher ran it, it had
+    # the held-back step before it in every claim, and left it.
+    barrier = Unlimited.start()
+    eventually(lambda: _effect("unlimited", barrier), what="the dispatcher to claim past the held-back step")
+
+    assert WorkflowStep.objects.get(run=second.record).status == "scheduled"
+    assert _effect("gate-start", second) is None
+    assert WorkflowLimiter.objects.get(name="concurrency:gate:c").in_use == 1
+
+    SideEffect.objects.create(label="gate-open", key=str(first.workflow_id))
+    eventually(lambda: _effect("gate-start", second), what="the held-back run to take the slot the body gave back")
+    assert _effect("gate-start", second).pk > _effect("gate-end", first).pk
+    assert WorkflowEvent.objects.filter(run=first.record, kind="outcome_discarded").exists()
+    SideEffect.objects.create(label="gate-open", key=str(second.workflow_id))
+    eventually(_all_finished(KeyedGate, 1), what="the second run to finish")
+    assert WorkflowLimiter.objects.get(name="concurrency:gate:c").in_use == 0
+
+
+def test_a_cancelled_step_whose_dispatcher_is_killed_gives_its_slot_back_at_the_next_sweep(dispatchers):
+    victim = dispatchers("--no-sweep", "--concurrency", "2", settings=FAST)
+    first = KeyedGate.start(account="killed")
+    eventually(lambda: _effect("gate-start", first), what="the first body to start")
+    second = KeyedGate.start(account="killed")
+    first.cancel(reason="test")
+    assert WorkflowLimiter.objects.get(name="concurrency:gate:killed").in_use == 1
+
+    victim.kill()  # the cancelled body never returns
+    dispatchers("--concurrency", "2", settings=FAST)
+
+    eventually(lambda: _effect("gate-start", second), timeout=30, what="the held-back run to take the freed slot")
+    assert _effect("gate-end", first) is None
+    assert not WorkflowStep.objects.filter(run=first.record, holds_slots=True).exists()
+    SideEffect.objects.create(label="gate-open", key=str(second.workflow_id))
+    eventually(_all_finished(KeyedGate, 1), what="the second run to finish")

@@ -77,3 +77,33 @@ class RateNoOp(Workflow):
     @step(rate_limit=RateLimit("bench-rate", limit=50, per=timedelta(seconds=1)))
     def call(self):
         return None
+
+
+class KeyedGate(Workflow):
+    """One step at a time per account; the body runs until the test opens its gate (a row), or two minutes pass."""
+
+    name = "keyed_gate"
+    allow_multiple = True
+    step_options = {"queue": "gated"}
+    concurrency = Concurrency(key=lambda wf: f"gate:{wf.arguments['account']}", limit=1)
+
+    @step
+    def work(self):
+        key = str(self.workflow_id)
+        SideEffect.objects.create(label="gate-start", key=key)
+        deadline = time.monotonic() + 120
+        while not SideEffect.objects.filter(label="gate-open", key=key).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        SideEffect.objects.create(label="gate-end", key=key)
+
+
+class Unlimited(Workflow):
+    """A step under no limit in the gated queue: it records that the dispatcher claimed past the held-back steps."""
+
+    name = "gate_unlimited"
+    allow_multiple = True
+    step_options = {"queue": "gated"}
+
+    @step
+    def work(self):
+        SideEffect.objects.create(label="unlimited", key=str(self.workflow_id))

@@ -184,11 +184,6 @@ class WorkflowRun(models.Model):
     def __str__(self) -> str:
         return f"{self.workflow_class} {self.workflow_id} ({self.status})"
 
-    @property
-    def is_ongoing(self) -> bool:
-        """True while the run is neither finished nor cancelled."""
-        return self.status in ONGOING_RUN
-
     def start_audit(self) -> tuple[str, str] | None:
         """``(actor, reason)`` of the run's ``started`` event: who started it and why (None: no event kept)."""
         return self.events.filter(kind="started").order_by("pk").values_list("actor", "reason").first()

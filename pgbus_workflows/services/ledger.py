@@ -294,10 +294,6 @@ class RunLedger:
         """NOTIFY the dispatchers of ``queue`` when this unit of work commits."""
         self._queues.add(queue)
 
-    def unwake(self, queue: str) -> None:
-        """No NOTIFY for ``queue`` after all (the step was claimed in this unit of work)."""
-        self._queues.discard(queue)
-
     def flush(self) -> None:
         """Save the run, insert the events, give back slots, queue the NOTIFY and the after-commit signals."""
         if limiting.release(self.releasing, self.writes):

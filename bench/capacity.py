@@ -7,7 +7,8 @@ connection, as a web request or a dispatcher's worker in a trickle does it:
 
 - ``start``: ``NoOp3.start()``, each its own transaction;
 - ``step``: a step of a three-step run, as a worker runs it (a claim, the body, the outcome's
-  transaction, which claims the run's next step: ``bench.instructions.steps_one_at_a_time``);
+  transaction, which claims the run's next step: ``bench.instructions.steps_one_at_a_time``),
+  with the engine's statements prepared on the connection, as a dispatcher's are;
 - ``signal``: ``wf.signal()`` to a run waiting for it (the delivery alone; the step it wakes
   is a step);
 - ``fan-out job``: a job of a fan-out, claimed and run alone (``claim_due_jobs(1)``, its
@@ -157,7 +158,12 @@ def counted(count: int) -> Iterator[Callable[[], Cost]]:
 
 
 def measure(runs: int) -> dict[str, dict[str, float]]:
-    """Every operation's cost per operation, on the bench database made anew (dropped after)."""
+    """Every operation's cost per operation, on the bench database made anew (dropped after).
+
+    A web request's calls (a start, a signal, a task's enqueue) run as Django leaves a
+    connection, planning each statement; a dispatcher's work (a step, a job, a task's run) with
+    the engine's statements prepared, as a dispatcher's connections have them.
+    """
     recreate_database()
     try:
         from tests.testapp.tasks import add
@@ -169,27 +175,46 @@ def measure(runs: int) -> dict[str, dict[str, float]]:
             for _ in range(runs):
                 NoOp3.start()
         costs["start"] = cost()
-        with counted(3 * (runs + 1)) as cost:
+        with dispatching(), counted(3 * (runs + 1)) as cost:
             steps_one_at_a_time()
         costs["step"] = cost()
         waiting = [Approval.start() for _ in range(runs)]
-        steps_one_at_a_time()  # each run parks on its signal wait
+        with dispatching():
+            steps_one_at_a_time()  # each run parks on its signal wait
         with counted(runs) as cost:
             for wf in waiting:
                 wf.signal("approved", {"ok": True})
         costs["signal"] = cost()
-        steps_one_at_a_time()
-        costs["fan-out job"] = _jobs(FanBench, runs)
+        with dispatching():
+            steps_one_at_a_time()
+            costs["fan-out job"] = _jobs(FanBench, runs)
         with counted(runs) as cost:
             for n in range(runs):
                 add.enqueue(n, 1)
         costs["task enqueue"] = cost()
-        with counted(runs) as cost:
+        with dispatching(), counted(runs) as cost:
             steps_one_at_a_time()
         costs["task run"] = cost()
     finally:
         drop_database()
     return {name: found.per() for name, found in costs.items()}
+
+
+@contextmanager
+def dispatching() -> Iterator[None]:
+    """The engine's statements prepared on this process's connections, as a dispatcher's are, for the block."""
+    from django.db import connection
+
+    from pgbus_workflows import sql
+
+    saved = set(sql._prepared_at)
+    sql.prepare_statements(connection.connection)
+    try:
+        yield
+    finally:
+        sql._prepared_at.clear()
+        sql._prepared_at.update(saved)
+        sql._preparing.clear()
 
 
 def _jobs(fan_out: Any, runs: int) -> Cost:

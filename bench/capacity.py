@@ -92,6 +92,8 @@ def _wal(start: str, end: str) -> tuple[int, int]:
     """
     from django.db import connection
 
+    if start == end:  # nothing was written, here or anywhere
+        return 0, 0
     oid = _cursor_value("SELECT oid FROM pg_database WHERE datname = current_database()")
     with connection.cursor() as cursor:
         cursor.execute(

@@ -212,6 +212,7 @@ class WorkflowDispatcher:
             logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
             self._register()
         self.wakeups.elect()
+        self.pool.cancel_stalled()  # a stalled attempt's async body leaves the loop, its place freed
         if self.sweep and not self.once and lost_sessions(now):
             self._sweep_soon.set()
         if not self._announced and self.pool.size:

@@ -79,15 +79,16 @@ class WorkQueues:
         ``BATCH_SIZE``; one when bodies are slow), so claimed work never waits long. While
         work is held, less than a batch is not worth a claim: the next release will do.
 
-        Bodies awaiting on the event loop hold no worker: they do not count. While the loop is
-        full, async bodies are awaited on the workers, so a claim is a step per worker.
+        Bodies awaiting in the event loop's places hold no worker: they do not count. While
+        those places are all taken, the next async bodies hold their workers (each waits for
+        its body on the loop), so a claim is a step per worker.
         """
         quick = int(BATCH_WINDOW / self._body_seconds) if self._body_seconds else 1
         per_worker = max(1, min(self.batch_size, quick))
         awaiting = 0
         if self.coroutines is not None:
             awaiting = self.coroutines.in_flight()
-            if self.coroutines.full():
+            if self.coroutines.capacity and self.coroutines.full():
                 per_worker = 1
         with self._lock:
             free = self.size * per_worker - (len(self._held) - awaiting)

@@ -28,6 +28,7 @@ from ..services.chain import Chain
 from ..services.executor import begin_step
 from ..services.fanout import JobEnd, record_job_ends, start_job
 from ..services.outcome import StepOutcome
+from ..states import StepOutcomeKind
 from .coroutines import CoroutineLoop
 from .lanes import Batch, Lane, Settled, work_key
 from .taking import BATCH_WINDOW, WorkQueues
@@ -49,7 +50,7 @@ class WorkerPool(WorkQueues):
         on_lost: Callable[[], None],
         async_capacity: int = 0,
     ) -> None:
-        coroutines = CoroutineLoop(async_capacity, self._hand_back, self._drop) if async_capacity and size else None
+        coroutines = CoroutineLoop(async_capacity, self._hand_back, self._drop) if size else None
         super().__init__(size=size, stopping=stopping, on_free=on_free, on_lost=on_lost, coroutines=coroutines)
         self.name = name
         self.queues = queues
@@ -181,7 +182,8 @@ class WorkerPool(WorkQueues):
                     return step, started
                 if self._submitted(step, started):
                     return None
-                return step, started.run_here()  # the loop is full: awaited on this thread
+                held = self._await_held(step, started)  # the loop is full: this thread waits for it
+                return None if held is None else (step, cast(StepOutcome, held))
         except BaseException:
             logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)
             self._lost([step])
@@ -199,6 +201,40 @@ class WorkerPool(WorkQueues):
         self._on_free()
         return True
 
+    def _await_held(self, claim: WorkflowStep | FanOutJob, awaiting: Awaiting[Any]) -> StepOutcome | JobEnd | None:
+        """Await the coroutine on the loop past its places, this worker waiting for its end.
+
+        None when it was dropped (its attempt stalled meanwhile): its claim is given up here.
+        """
+        settled = cast(CoroutineLoop, self.coroutines).await_held(claim, awaiting)  # a pool with workers has one
+        if settled is None:
+            self._release([claim])
+            return None
+        return settled.result()
+
+    def cancel_stalled(self) -> int:
+        """Cancel the async bodies whose attempts (or jobs) were stalled meanwhile; how many.
+
+        Their places on the loop are freed and their ends never written (the stall wrote theirs).
+        """
+        if self.coroutines is None:
+            return 0
+        claims = self.coroutines.claims()
+        steps = [claim.pk for claim in claims if isinstance(claim, WorkflowStep)]
+        jobs = {claim.pk: claim.stalls for claim in claims if isinstance(claim, FanOutJob)}
+        stalled = [
+            ("step", pk)
+            for pk in WorkflowStep.objects.filter(pk__in=steps, outcome=StepOutcomeKind.STALLED).values_list(
+                "pk", flat=True
+            )
+        ]
+        rows = FanOutJob.objects.filter(pk__in=list(jobs)).values_list("pk", "stalls") if jobs else []
+        stalled += [("job", pk) for pk, stalls in rows if stalls > jobs[pk]]
+        cancelled = self.coroutines.cancel(stalled, "its attempt was stalled") if stalled else 0
+        if cancelled:
+            logger.warning("Cancelled %d async bod(ies) whose attempts were stalled meanwhile", cancelled)
+        return cancelled
+
     def _hand_back(self, settled: Settled) -> None:
         """On the loop's thread: a coroutine ended; a worker writes its outcome with its batch."""
         with self._lock:
@@ -208,7 +244,7 @@ class WorkerPool(WorkQueues):
             self._wake_idle(1)
 
     def _drop(self, claim: WorkflowStep | FanOutJob) -> None:
-        """On the loop's thread: a body cancelled at shutdown; its attempt is left to be stalled."""
+        """On the loop's thread: a body cancelled (stalled, or at shutdown); its claim is given up, not written."""
         self._release([claim])
 
     def _settle(self, settled: Settled, lane: Lane) -> None:
@@ -249,6 +285,6 @@ class WorkerPool(WorkQueues):
             started = start_job(job)
             if not isinstance(started, Awaiting):
                 return started
-            return None if self._submitted(job, started) else started.run_here()
+            return None if self._submitted(job, started) else cast(JobEnd | None, self._await_held(job, started))
         finally:
             self._leave_body(lane, began)

@@ -108,3 +108,108 @@ class SleepsIO(Workflow):
     @step
     def call(self):
         time.sleep(self.arguments["seconds"])
+
+
+class SharedClient:
+    """A module-level async client, as HTTP libraries ask for: one connection, opened on first use.
+
+    Its stream and lock belong to the event loop that first used them: a body on any other
+    loop fails (``RuntimeError``), as an ``httpx.AsyncClient`` shared across loops does.
+    """
+
+    def __init__(self):
+        self.forget()
+
+    def forget(self):
+        """Drop the connection (it belonged to a loop now closed: another test's dispatcher)."""
+        self._connection = None
+        self._lock = None
+
+    async def echo(self, port, line):
+        """Send ``line`` to the echo server on ``port``; what it sends back."""
+        if self._connection is None:
+            self._lock = asyncio.Lock()
+            self._connection = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = self._connection
+        async with self._lock:
+            writer.write(line.encode() + b"\n")
+            await writer.drain()
+            return (await reader.readline()).decode().strip()
+
+
+SHARED_CLIENT = SharedClient()
+
+
+class UsesSharedClient(Workflow):
+    """An async step calling an echo server through :data:`SHARED_CLIENT`, one module-level client."""
+
+    name = "async_uses_shared_client"
+    allow_multiple = True
+
+    @step
+    async def call(self):
+        await asyncio.sleep(0.01)  # bodies overlap: the client is contended
+        return await SHARED_CLIENT.echo(self.arguments["port"], str(self.arguments["n"]))
+
+
+class EchoServer:
+    """A line echo server on 127.0.0.1 (its own loop on a thread), for :class:`UsesSharedClient`."""
+
+    def __init__(self):
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self.port = 0
+
+    def __enter__(self):
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _serve(self):
+        async def echo(reader, writer):
+            while line := await reader.readline():
+                writer.write(line)
+                await writer.drain()
+            writer.close()
+
+        server = self._loop.run_until_complete(asyncio.start_server(echo, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+
+class NeverReturns(Workflow):
+    """An async step without ``timeout=`` that awaits forever (until cancelled)."""
+
+    name = "async_never_returns"
+    allow_multiple = True
+
+    @step
+    async def call(self):
+        await SideEffect.objects.acreate(label="never-returns-began", key=str(self.workflow_id))
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await SideEffect.objects.acreate(label="never-returns-cancelled", key=str(self.workflow_id))
+            raise
+
+
+class SwallowsCancel(Workflow):
+    """An async step that swallows its cancellation and awaits on (the mistake this class is about)."""
+
+    name = "async_swallows_cancel"
+    allow_multiple = True
+
+    @step
+    async def call(self):
+        await SideEffect.objects.acreate(label="swallows-began", key=str(self.workflow_id))
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue

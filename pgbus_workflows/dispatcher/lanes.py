@@ -47,6 +47,14 @@ def work_key(work: Work) -> tuple[str, int]:
     return ("job", work.pk) if isinstance(work, FanOutJob) else ("step", work.pk)
 
 
+def body_key(claim: Claim) -> tuple[str, str]:
+    """What a body's duration is remembered by: its step's class and name, or its job's function."""
+    if isinstance(claim, FanOutJob):
+        return ("job", claim.function)
+    run = claim._state.fields_cache.get("run")  # claims come with their run; never a query here
+    return (run.workflow_class if run is not None else "", claim.step_name)
+
+
 class Lane:
     """One worker's own queue (the steps its transactions claimed), what it runs and has not written."""
 

@@ -4,7 +4,10 @@ The dispatcher's loop claims due work and hands it to the pool (a shared queue).
 takes one piece at a time and runs its body; the outcomes of quick steps wait (at most
 ``BATCH_SIZE`` of them, at most ``BATCH_WINDOW`` seconds) and are then applied in one
 transaction, which also claims, for the same worker, the next steps that are due at once.
-Those go to the worker's own lane, so a run's steps keep being batched by one worker.
+Those go to the worker's own lane, so a run's steps keep being batched by one worker. Only
+outcomes of steps that end together are joined: before a body not known to be quick (its
+step's recent bodies did not all end within ``BATCH_WINDOW``; a step not seen yet), the
+worker writes what it holds, so no outcome waits behind a slow body.
 
 A slow body never holds other work up: when a worker has been inside one body for longer
 than ``BATCH_WINDOW``, idle workers take the waiting work of its lane. Nothing claimed is
@@ -30,7 +33,7 @@ from ..services.fanout import JobEnd, record_job_ends, start_job
 from ..services.outcome import StepOutcome
 from ..states import StepOutcomeKind
 from .coroutines import CoroutineLoop
-from .lanes import Batch, Lane, Settled, work_key
+from .lanes import Batch, Lane, Settled, Work, body_key, work_key
 from .taking import BATCH_WINDOW, WorkQueues
 
 logger = logging.getLogger("pgbus_workflows")
@@ -57,6 +60,9 @@ class WorkerPool(WorkQueues):
         self._threads = [self._thread(lane) for lane in self._lanes]
         #: Worker threads that died and were replaced (each logged).
         self.replaced = 0
+        #: The slowest recent body of each step (class and name) or job function: a worker
+        #: writes the outcomes it holds before a body not known to be quick (``_known_quick``).
+        self._slowest: dict[tuple[str, str], float] = {}
 
     def _thread(self, lane: Lane) -> threading.Thread:
         return threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{lane.number}", daemon=True)
@@ -108,6 +114,8 @@ class WorkerPool(WorkQueues):
                 self._write_batch(lane, chain)
                 continue
             work, verify = taken
+            if lane.batch and not self._known_quick(work):
+                self._write_batch(lane, chain)  # what ended before is not held behind a body that may be slow
             lane.current = work
             if isinstance(work, Settled):
                 self._settle(work, lane)
@@ -149,6 +157,12 @@ class WorkerPool(WorkQueues):
             thread = self._threads[lane.number] = self._thread(lane)
             thread.start()
 
+    def _known_quick(self, work: Work) -> bool:
+        """Whether ``work``'s recent bodies all ended within ``BATCH_WINDOW`` (settling a coroutine's end is)."""
+        if isinstance(work, Settled):
+            return True
+        return self._slowest.get(body_key(work), BATCH_WINDOW) < BATCH_WINDOW
+
     def _enter_body(self, lane: Lane) -> float:
         """Mark ``lane``'s worker as inside a body; an idle worker then times when to take its queue.
 
@@ -163,10 +177,14 @@ class WorkerPool(WorkQueues):
                     self._wake_idle(1)
         return lane.body_since
 
-    def _leave_body(self, lane: Lane, began: float) -> None:
-        """The body is over: its duration goes into the moving average that sizes the claims."""
+    def _leave_body(self, lane: Lane, began: float, work: WorkflowStep | FanOutJob) -> None:
+        """The body is over: its duration goes into the moving average that sizes the claims,
+        and into its step's (or job function's) slowest recent body, halved at each later one."""
         lane.body_since = None
-        self._body_seconds = 0.8 * self._body_seconds + 0.2 * (time.monotonic() - began)
+        seconds = time.monotonic() - began
+        self._body_seconds = 0.8 * self._body_seconds + 0.2 * seconds
+        key = body_key(work)
+        self._slowest[key] = max(seconds, self._slowest.get(key, 0.0) / 2)
 
     def _perform(
         self, step: WorkflowStep, chain: Chain, verify: bool, lane: Lane
@@ -189,7 +207,7 @@ class WorkerPool(WorkQueues):
             self._lost([step])
             return None
         finally:
-            self._leave_body(lane, began)
+            self._leave_body(lane, began, step)
         self.hand_out(chain.take(), verify=False, lane=lane)  # an atomic step's next step
         self._release([step])
         return None
@@ -287,4 +305,4 @@ class WorkerPool(WorkQueues):
                 return started
             return None if self._submitted(job, started) else cast(JobEnd | None, self._await_held(job, started))
         finally:
-            self._leave_body(lane, began)
+            self._leave_body(lane, began, job)

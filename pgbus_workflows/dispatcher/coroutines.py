@@ -19,6 +19,8 @@ client) holds every other coroutine up: each such stretch is logged as a warning
 A body whose attempt was stalled meanwhile is cancelled (:meth:`CoroutineLoop.cancel`) and
 leaves the loop, its place freed; one that has not ended ``CANCEL_GRACE`` seconds after its
 cancellation (it swallows ``CancelledError``) is logged, runs on uncounted, and its end is ignored.
+
+What bodies registered with :func:`on_loop_shutdown` is awaited on the loop as it stops.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,20 @@ logger = logging.getLogger("pgbus_workflows")
 SLOW_SECONDS = 0.1
 #: How long a cancelled body has to end before it is taken for one that will not (and uncounted).
 CANCEL_GRACE = 5.0
+
+#: What each dispatcher's loop awaits when it stops (:func:`on_loop_shutdown`), by loop.
+_closers: dict[asyncio.AbstractEventLoop, list[Callable[[], Awaitable[Any]]]] = {}
+
+
+def on_loop_shutdown(close: Callable[[], Awaitable[Any]]) -> None:
+    """Await ``close()`` on the dispatcher's event loop when the dispatcher stops (a module-level client's ``aclose``).
+
+    Call it from an ``async def`` body (where the client is made on first use). Outside a
+    dispatcher's loop (the test helpers await a body on a loop of their own) it does nothing.
+    """
+    loop = asyncio.get_running_loop()
+    if loop in _closers:
+        _closers[loop].append(close)
 
 
 @dataclass(eq=False)
@@ -74,6 +90,7 @@ class CoroutineLoop:
         #: Called for a body cancelled by the dispatcher: its claim is given up, not written.
         self._on_dropped = on_dropped
         self._loop = asyncio.new_event_loop()
+        _closers[self._loop] = []
         self._thread = threading.Thread(target=self._serve, name="pgbus-coroutines", daemon=True)
         self._lock = threading.Lock()
         #: work_key of every body on the loop and not yet ended (nor given up as unending).
@@ -149,6 +166,7 @@ class CoroutineLoop:
         try:
             self._loop.run_forever()
         finally:
+            _closers.pop(self._loop, None)
             self._loop.close()
 
     def _hand_on(self, work: Claim) -> Callable[[Settled | None], None]:
@@ -229,6 +247,11 @@ class CoroutineLoop:
                 await asyncio.wait(tasks, timeout=timeout)
                 for body in bodies:
                     self._end(body, None)  # those that would not end: their claims are given up
+            for close in _closers.pop(self._loop, []):
+                try:
+                    await asyncio.wait_for(close(), timeout)
+                except Exception:
+                    logger.exception("Closing %r when the event loop stopped failed", close)
             await sync_to_async(connections.close_all)()
             self._loop.stop()
 

@@ -214,7 +214,11 @@ def test_a_module_level_client_serves_every_async_body(pool_of, places):
         runs = UsesSharedClient.start_many([{"arguments": {"n": n, "port": server.port}} for n in range(24)])
         pool = pool_of(4, awaiting=places)
         eventually(finished(pool, *runs), timeout=60, what="the 24 runs to finish")
+        assert not SHARED_CLIENT.closed
+        pool._stopping.set()
+        assert not pool.join(time.monotonic() + 30)
     assert sorted(int(wf.reload().outputs["call"]) for wf in runs) == list(range(24))
+    assert SHARED_CLIENT.closed, "the client registered with on_loop_shutdown was closed on the loop as it stopped"
 
 
 def stall_attempt(step):

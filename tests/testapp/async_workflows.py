@@ -1,11 +1,13 @@
 """Workflow classes with ``async def`` bodies (imported by ``workflows``, so dispatchers know them)."""
 
 import asyncio
+import ssl
 import threading
 import time
 from pathlib import Path
 
 from pgbus_workflows import Workflow, step
+from pgbus_workflows.dispatcher import on_loop_shutdown
 
 from .models import SideEffect
 
@@ -124,12 +126,20 @@ class SharedClient:
         """Drop the connection (it belonged to a loop now closed: another test's dispatcher)."""
         self._connection = None
         self._lock = None
+        self.closed = False
+
+    async def aclose(self):
+        """Close the connection (the dispatcher awaits it as its loop stops)."""
+        if self._connection is not None:
+            self._connection[1].close()
+        self.closed = True
 
     async def echo(self, port, line):
         """Send ``line`` to the echo server on ``port``; what it sends back."""
         if self._connection is None:
             self._lock = asyncio.Lock()
             self._connection = await asyncio.open_connection("127.0.0.1", port)
+            on_loop_shutdown(self.aclose)
         reader, writer = self._connection
         async with self._lock:
             writer.write(line.encode() + b"\n")
@@ -213,3 +223,100 @@ class SwallowsCancel(Workflow):
                 await asyncio.sleep(3600)
             except asyncio.CancelledError:
                 continue
+
+
+class SleepsChain(Workflow):
+    """Six plain steps of ``seconds`` each, one after the other (``bench.mixed_load``'s slow steps)."""
+
+    name = "sleeps_chain"
+    allow_multiple = True
+
+    @step
+    def first(self):
+        time.sleep(self.arguments["seconds"])
+
+    @step
+    def second(self):
+        time.sleep(self.arguments["seconds"])
+
+    @step
+    def third(self):
+        time.sleep(self.arguments["seconds"])
+
+    @step
+    def fourth(self):
+        time.sleep(self.arguments["seconds"])
+
+    @step
+    def fifth(self):
+        time.sleep(self.arguments["seconds"])
+
+    @step
+    def sixth(self):
+        time.sleep(self.arguments["seconds"])
+
+
+class PooledClient:
+    """A small async client with a pool of connections, as an HTTP client keeps (``bench.async_bodies``).
+
+    Made, it builds a TLS context, as ``httpx.AsyncClient()`` does (reading the system's CA
+    certificates: blocking, on the loop); each call takes an idle connection or opens one.
+    """
+
+    def __init__(self):
+        self.tls = ssl.create_default_context()
+        self._idle = []
+
+    async def call(self, port, line):
+        """Send ``line`` to the server on ``port``; its answer."""
+        reader, writer = self._idle.pop() if self._idle else await asyncio.open_connection("127.0.0.1", port)
+        writer.write(line.encode() + b"\n")
+        await writer.drain()
+        answer = (await reader.readline()).decode().strip()
+        self._idle.append((reader, writer))
+        return answer
+
+    async def aclose(self):
+        """Close every connection."""
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+
+#: The module-level client: made on first use (on the dispatcher's one loop), closed at exit.
+_pooled = None
+
+
+def pooled_client():
+    """The process's one :class:`PooledClient`, made on first use."""
+    global _pooled
+    if _pooled is None:
+        _pooled = PooledClient()
+        on_loop_shutdown(_pooled.aclose)
+    return _pooled
+
+
+class CallsShared(Workflow):
+    """One async step calling the server through the module-level client (``bench.async_bodies``)."""
+
+    name = "async_calls_shared"
+    allow_multiple = True
+
+    @step
+    async def call(self):
+        return await pooled_client().call(self.arguments["port"], "x")
+
+
+class CallsPerStep(Workflow):
+    """The same call through a client made and closed by the step (``bench.async_bodies``' baseline)."""
+
+    name = "async_calls_per_step"
+    allow_multiple = True
+
+    @step
+    async def call(self):
+        client = PooledClient()
+        try:
+            return await client.call(self.arguments["port"], "x")
+        finally:
+            await client.aclose()

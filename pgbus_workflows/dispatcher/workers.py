@@ -6,7 +6,7 @@ takes one piece at a time and runs its body; the outcomes of quick steps wait (a
 transaction, which also claims, for the same worker, the next steps that are due at once.
 Those go to the worker's own lane, so a run's steps keep being batched by one worker. Only
 outcomes of steps that end together are joined: before a body not known to be quick (its
-step's recent bodies did not all end within ``BATCH_WINDOW``; a step not seen yet), the
+step's recent bodies took ``BATCH_WINDOW`` or more on average; a step not seen yet), the
 worker writes what it holds, so no outcome waits behind a slow body.
 
 A slow body never holds other work up: when a worker has been inside one body for longer
@@ -60,9 +60,9 @@ class WorkerPool(WorkQueues):
         self._threads = [self._thread(lane) for lane in self._lanes]
         #: Worker threads that died and were replaced (each logged).
         self.replaced = 0
-        #: The slowest recent body of each step (class and name) or job function: a worker
-        #: writes the outcomes it holds before a body not known to be quick (``_known_quick``).
-        self._slowest: dict[tuple[str, str], float] = {}
+        #: How long each step's (class and name) or job function's bodies take (a moving
+        #: average): a worker writes the outcomes it holds before a body not known to be quick.
+        self._step_seconds: dict[tuple[str, str], float] = {}
 
     def _thread(self, lane: Lane) -> threading.Thread:
         return threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{lane.number}", daemon=True)
@@ -158,10 +158,14 @@ class WorkerPool(WorkQueues):
             thread.start()
 
     def _known_quick(self, work: Work) -> bool:
-        """Whether ``work``'s recent bodies all ended within ``BATCH_WINDOW`` (settling a coroutine's end is)."""
+        """Whether ``work``'s recent bodies took under ``BATCH_WINDOW`` on average (settling a coroutine's end does).
+
+        An average, not the slowest: a quick body that waited for the GIL now and then (five
+        threads on two cores) would otherwise cost its step its batching.
+        """
         if isinstance(work, Settled):
             return True
-        return self._slowest.get(body_key(work), BATCH_WINDOW) < BATCH_WINDOW
+        return self._step_seconds.get(body_key(work), BATCH_WINDOW) < BATCH_WINDOW
 
     def _enter_body(self, lane: Lane) -> float:
         """Mark ``lane``'s worker as inside a body; an idle worker then times when to take its queue.
@@ -179,12 +183,13 @@ class WorkerPool(WorkQueues):
 
     def _leave_body(self, lane: Lane, began: float, work: WorkflowStep | FanOutJob) -> None:
         """The body is over: its duration goes into the moving average that sizes the claims,
-        and into its step's (or job function's) slowest recent body, halved at each later one."""
+        and into its step's (or job function's) own."""
         lane.body_since = None
         seconds = time.monotonic() - began
         self._body_seconds = 0.8 * self._body_seconds + 0.2 * seconds
         key = body_key(work)
-        self._slowest[key] = max(seconds, self._slowest.get(key, 0.0) / 2)
+        # The first body sets it: a step seen to be slow once is slow at once, not after five.
+        self._step_seconds[key] = 0.8 * self._step_seconds.get(key, seconds) + 0.2 * seconds
 
     def _perform(
         self, step: WorkflowStep, chain: Chain, verify: bool, lane: Lane

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from django.db import connection
 
@@ -23,7 +24,7 @@ from ..conf import settings
 from ..models import FanOutJob, WorkflowStep
 from ..services.claims import still_in_progress
 from .coroutines import CoroutineLoop
-from .lanes import Lane, Queued, Work, work_key
+from .lanes import Batch, Lane, Queued, Work, work_key
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -165,8 +166,9 @@ class WorkQueues:
                 self._wake_all()  # idle workers waiting for the last claims may exit
         self._on_free()
 
-    def _take(self, lane: Lane, wait: bool) -> Queued | None:
-        """Work for ``lane``'s worker: its own, then shared, then what waits behind a slow body.
+    def _take(self, lane: Lane, wait: bool) -> Queued | tuple[Batch, bool] | None:
+        """Work for ``lane``'s worker: its own, then shared, then what waits behind a slow body
+        (claims, or outcomes parked before it: a batch to write).
 
         None when there is none and ``wait`` is false, or when stopping and nothing is held.
         """
@@ -183,7 +185,7 @@ class WorkQueues:
                         break
                     stolen, patience = self._steal()
                     if stolen is not None:
-                        if any(other.queue and other.body_since is not None for other in self._lanes):
+                        if any(_behind(other) for other in self._lanes):
                             self._wake_idle(1)  # the next watcher: more waits behind a body
                         return stolen
                     if not wait or (self._stopping.is_set() and not self._held):
@@ -264,8 +266,8 @@ class WorkQueues:
         if gone:
             self._release(gone)  # cancelled (or stalled) between the claim and now: they never run
 
-    def _steal(self) -> tuple[Queued | None, float]:
-        """Work queued behind a body running for over ``BATCH_WINDOW``; else how long to wait.
+    def _steal(self) -> tuple[Queued | tuple[Batch, bool] | None, float]:
+        """Outcomes parked or work queued behind a body running for over ``BATCH_WINDOW``; else how long to wait.
 
         An idle worker sleeps until new work is handed out, or until the soonest body with
         work behind it has run for ``BATCH_WINDOW`` (at most a second, to see ``stopping``).
@@ -273,11 +275,15 @@ class WorkQueues:
         now = time.monotonic()
         patience = 1.0
         for other in self._lanes:
-            if other.queue and other.body_since is not None:
-                ripe = other.body_since + BATCH_WINDOW - now
-                if ripe < 0:
+            if _behind(other):
+                ripe = cast(float, other.body_since) + BATCH_WINDOW - now
+                if ripe >= 0:
+                    patience = min(patience, ripe + 0.001)
+                elif other.parked is not None:
+                    parked, other.parked = other.parked, None
+                    return (parked, False), 0.0
+                else:
                     return other.queue.pop(), 0.0
-                patience = min(patience, ripe + 0.001)
         return None, patience
 
     def _lost(self, works: Sequence[Work]) -> None:
@@ -285,3 +291,8 @@ class WorkQueues:
         connection.close()
         self._release(works)
         self._on_lost()
+
+
+def _behind(lane: Lane) -> bool:
+    """Whether work is queued or outcomes parked behind ``lane``'s body. Lock held."""
+    return lane.body_since is not None and (bool(lane.queue) or lane.parked is not None)

@@ -6,8 +6,10 @@ takes one piece at a time and runs its body; the outcomes of quick steps wait (a
 transaction, which also claims, for the same worker, the next steps that are due at once.
 Those go to the worker's own lane, so a run's steps keep being batched by one worker. Only
 outcomes of steps that end together are joined: before a body not known to be quick (its
-step's recent bodies took ``BATCH_WINDOW`` or more on average; a step not seen yet), the
-worker writes what it holds, so no outcome waits behind a slow body.
+step's recent bodies took ``QUICK_BODY`` or more on average; a step not seen yet), the
+worker writes what it holds; before a quick one it parks them, and should that body run
+past ``BATCH_WINDOW`` after all, an idle worker writes them. So no outcome waits behind a
+slow body while a worker is free to write it.
 
 A slow body never holds other work up: when a worker has been inside one body for longer
 than ``BATCH_WINDOW``, idle workers take the waiting work of its lane. Nothing claimed is
@@ -37,6 +39,11 @@ from .lanes import Batch, Lane, Settled, Work, body_key, work_key
 from .taking import BATCH_WINDOW, WorkQueues
 
 logger = logging.getLogger("pgbus_workflows")
+
+#: A step whose bodies take less than this on average is known to be quick: the outcomes its
+#: worker holds wait for its body, to be written with its own (an idle worker writes them
+#: should it run past ``BATCH_WINDOW`` after all). Before any other body they are written.
+QUICK_BODY = 0.1
 
 
 class WorkerPool(WorkQueues):
@@ -114,18 +121,47 @@ class WorkerPool(WorkQueues):
                 self._write_batch(lane, chain)
                 continue
             work, verify = taken
-            if lane.batch and not self._known_quick(work):
-                self._write_batch(lane, chain)  # what ended before is not held behind a body that may be slow
+            if isinstance(work, Batch):  # another worker's, whose body turned out slow
+                self._write(work, chain, lane)
+                continue
             lane.current = work
             if isinstance(work, Settled):
                 self._settle(work, lane)
-            elif isinstance(work, FanOutJob):
-                lane.batch.add_job(self._run_job(work, lane))
             else:
-                lane.batch.add_step(self._perform(work, chain, verify, lane))
+                self._before_body(lane, work, chain)
+                if isinstance(work, FanOutJob):
+                    end = self._run_job(work, lane)
+                    self._unpark(lane)
+                    lane.batch.add_job(end)
+                else:
+                    performed = self._perform(work, chain, verify, lane)
+                    self._unpark(lane)
+                    lane.batch.add_step(performed)
             lane.current = None
             if len(lane.batch) >= self.batch_size or lane.batch.age() >= BATCH_WINDOW:
                 self._write_batch(lane, chain)
+
+    def _before_body(self, lane: Lane, work: WorkflowStep | FanOutJob, chain: Chain) -> None:
+        """Write what ``lane`` holds before a body not known to be quick; before a quick one, park it.
+
+        Parked, it waits for the body's end to be joined by its outcome; should the body run
+        past ``BATCH_WINDOW`` after all, an idle worker writes it meanwhile (:meth:`_steal`).
+        """
+        if not lane.batch:
+            return
+        if not self._known_quick(work):
+            self._write_batch(lane, chain)
+            return
+        with self._lock:
+            lane.parked, lane.batch = lane.batch, Batch()
+
+    def _unpark(self, lane: Lane) -> None:
+        """The body is over: what ``lane`` parked before it, unless another worker wrote it, is its batch again."""
+        with self._lock:
+            parked, lane.parked = lane.parked, None
+        if parked is not None:
+            parked.join(lane.batch)
+            lane.batch = parked
 
     def _write_batch(self, lane: Lane, chain: Chain) -> None:
         batch, lane.batch = lane.batch, Batch()
@@ -138,6 +174,7 @@ class WorkerPool(WorkQueues):
         is given up (the orphan recovery stalls it at once); its queued claims go to the others.
         """
         connection.close()
+        self._unpark(lane)
         current, lane.current, lane.body_since = lane.current, None, None
         if lane.batch:
             try:
@@ -158,14 +195,14 @@ class WorkerPool(WorkQueues):
             thread.start()
 
     def _known_quick(self, work: Work) -> bool:
-        """Whether ``work``'s recent bodies took under ``BATCH_WINDOW`` on average (settling a coroutine's end does).
+        """Whether ``work``'s recent bodies took under ``QUICK_BODY`` on average (settling a coroutine's end does).
 
         An average, not the slowest: a quick body that waited for the GIL now and then (five
         threads on two cores) would otherwise cost its step its batching.
         """
         if isinstance(work, Settled):
             return True
-        return self._step_seconds.get(body_key(work), BATCH_WINDOW) < BATCH_WINDOW
+        return self._step_seconds.get(body_key(work), QUICK_BODY) < QUICK_BODY
 
     def _enter_body(self, lane: Lane) -> float:
         """Mark ``lane``'s worker as inside a body; an idle worker then times when to take its queue.
@@ -175,7 +212,7 @@ class WorkerPool(WorkQueues):
         takes work behind a body wakes the next (:meth:`_take`).
         """
         lane.body_since = time.monotonic()
-        if lane.queue:
+        if lane.queue or lane.parked is not None:
             with self._lock:
                 if not self._looked_at_by(lane.body_since + BATCH_WINDOW):
                     self._wake_idle(1)

@@ -35,13 +35,16 @@ class Quick(Workflow):
 
 
 class Held(Workflow):
-    """One step whose body runs until the test releases it (a slow call, under the test's control)."""
+    """One step whose body runs until the test releases it (a slow call, under the test's control),
+    or, with ``quick``, returns at once."""
 
     name = "flush_held"
     allow_multiple = True
 
     @step
     def held(self):
+        if self.arguments.get("quick"):
+            return
         ENTERED.set()
         RELEASE.wait(60)
 
@@ -79,6 +82,31 @@ def test_an_outcome_is_written_before_the_same_worker_starts_a_body_not_known_to
     eventually(ENTERED.is_set, what="the held body to start on the same worker")
     eventually(lambda: quick.reload().status == "finished", what="the quick run to finish while the body runs")
     assert held.reload().status == "performing"
+    RELEASE.set()
+    eventually(lambda: held.reload().status == "finished", what="the held run to finish")
+
+
+def test_a_body_known_to_be_quick_that_runs_long_has_the_outcomes_before_it_written_by_an_idle_worker(
+    pool_of, monkeypatch
+):
+    # A generous window: the idle worker leaves the lane's queued step alone while the quick body runs.
+    monkeypatch.setattr(workers_module, "BATCH_WINDOW", 0.5)
+    monkeypatch.setattr(taking_module, "BATCH_WINDOW", 0.5)
+    pool = pool_of(2)
+    warm = Held.start(quick=True)
+    pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # the pool learns the step is quick
+    eventually(lambda: warm.reload().status == "finished", what="the warm-up run")
+
+    quick = Quick.start()
+    held = Held.start()
+    claimed = claim_due_steps(10, claimed_by="w")
+    assert [step.step_name for step in claimed] == ["quick", "held"]
+    first = pool._lanes[0]
+    pool.hand_out(claimed, verify=False, lane=first)  # both on one worker's lane, in this order
+
+    eventually(ENTERED.is_set, what="the held body to start")
+    assert first.body_since is not None, "the held body runs on the worker that ran the quick step"
+    eventually(lambda: quick.reload().status == "finished", what="the quick run to finish while the body runs")
     RELEASE.set()
     eventually(lambda: held.reload().status == "finished", what="the held run to finish")
 

@@ -277,6 +277,19 @@ def test_async_jobs_await_on_the_loop_together(pool_of):
     assert wf.reload().outputs["total"] == sum(n * 10 for n in range(6))
 
 
+def test_without_places_async_jobs_hold_their_worker_on_the_one_loop(pool_of):
+    wf = GatedFanOut.start()
+    pool = pool_of(1, awaiting=0)
+    claim_all(pool)
+    eventually(lambda: FanOutJob.objects.count() == 6, what="the fan-out's jobs")
+    pool.hand_out(fanout.claim_due_jobs(10, None, "w"), verify=True)
+    eventually(lambda: len(GATE.entered) == 1, what="the first job, held by the one worker")
+    assert pool.coroutines.in_flight() == 0 and len(pool.coroutines.claims()) == 1
+    GATE.opened.set()
+    eventually(finished(pool, wf), what="the fan-out to resolve and the run to end")
+    assert wf.reload().outputs["total"] == sum(n * 10 for n in range(6))
+
+
 def test_a_body_that_blocks_the_loop_is_logged_by_name(pool_of, caplog):
     wf = Blocking.start()
     pool = pool_of(1, awaiting=10)

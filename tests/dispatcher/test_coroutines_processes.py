@@ -102,3 +102,15 @@ def test_a_stalled_attempts_body_is_cancelled_and_one_that_will_not_end_is_logge
     assert SideEffect.objects.filter(label="never-returns-cancelled").count() == 1
     assert set(WorkflowRun.objects.values_list("status", flat=True)) == {"cancelled"}
     assert "async_swallows_cancel" in output.split("swallows CancelledError")[0].splitlines()[-1]
+
+
+def test_with_no_places_sigterm_past_the_timeout_cancels_the_held_bodies_and_stalls_them(dispatchers, tmp_path):
+    FileGated.start_many([{"arguments": {"n": n, "gate": str(tmp_path / "never")}} for n in range(2)])
+    process = dispatchers("--concurrency", "2", "--async-concurrency", "0", "--shutdown-timeout", "1", settings=FAST)
+    eventually(lambda: began() == 2, timeout=60, what="two bodies, each held by its worker")
+
+    process.send(signal.SIGTERM)
+
+    assert process.wait(timeout=60) == 0, process.output()
+    stalled = WorkflowEvent.objects.filter(kind="step_stalled")
+    assert sorted(stalled.values_list("details__detection", flat=True)) == ["shutdown_timeout"] * 2, process.output()

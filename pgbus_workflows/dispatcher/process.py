@@ -65,8 +65,9 @@ class WorkflowDispatcher:
         async_concurrency: int | None = None,
     ) -> None:
         self.concurrency = concurrency
-        #: How many ``async def`` bodies await on the event loop at once (0: none; they are
-        #: awaited on the worker threads). None: the setting ``ASYNC_CONCURRENCY``.
+        #: How many ``async def`` bodies await on the event loop at once holding no thread (past
+        #: them, and with 0, each holds its worker while it awaits there). None: the setting
+        #: ``ASYNC_CONCURRENCY``.
         self.async_concurrency = settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
         self.queues = frozenset(queues) if queues else None
         self.once = once

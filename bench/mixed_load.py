@@ -13,7 +13,7 @@ measurement:
   p99 with slow steps over their p99 without, paired by repetition in an alternating order,
   with the median ratio's sign-test interval.
 - **before / after** (``--against REV``): the dispatcher of git revision ``REV`` (a copy made
-  with ``git archive``) against this tree's, on ``bench.dispatch``'s backlog (1,000 ``NoOp3``
+  with ``git archive``, with this tree's test app) against this tree's, on ``bench.dispatch``'s backlog (1,000 ``NoOp3``
   runs started before one dispatcher of four drains them) and ``bench.trickle``'s trickle
   (500 runs): steps/s, paired by repetition, the ratio this tree / ``REV``.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -70,10 +71,12 @@ def noop_p99_ms(seconds: float, rate: float, slow: bool) -> float:
 
 @contextlib.contextmanager
 def dispatchers_of(revision: str) -> Iterator[None]:
-    """Dispatchers started meanwhile run the code of git ``revision`` (a copy of its tree)."""
+    """Dispatchers started meanwhile run the package of git ``revision`` (its copy) with this tree's test app."""
     with tempfile.TemporaryDirectory(prefix="pgw-bench-") as directory:
         archive = subprocess.run(["git", "archive", revision], cwd=common.ROOT, check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
+        shutil.rmtree(Path(directory) / "tests")
+        shutil.copytree(common.ROOT / "tests", Path(directory) / "tests")
         root, common.ROOT = common.ROOT, Path(directory)
         try:
             yield

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from pgbus_workflows import Workflow, step
-from pgbus_workflows.dispatcher import on_loop_shutdown
 
 from .models import SideEffect
 
@@ -112,6 +111,13 @@ class SleepsIO(Workflow):
         time.sleep(self.arguments["seconds"])
 
 
+def _on_loop_shutdown(close):
+    """``on_loop_shutdown``, imported when called: a benchmark loads this app into an older dispatcher."""
+    from pgbus_workflows.dispatcher import on_loop_shutdown
+
+    on_loop_shutdown(close)
+
+
 class SharedClient:
     """A module-level async client, as HTTP libraries ask for: one connection, opened on first use.
 
@@ -139,7 +145,7 @@ class SharedClient:
         if self._connection is None:
             self._lock = asyncio.Lock()
             self._connection = await asyncio.open_connection("127.0.0.1", port)
-            on_loop_shutdown(self.aclose)
+            _on_loop_shutdown(self.aclose)
         reader, writer = self._connection
         async with self._lock:
             writer.write(line.encode() + b"\n")
@@ -292,7 +298,7 @@ def pooled_client():
     global _pooled
     if _pooled is None:
         _pooled = PooledClient()
-        on_loop_shutdown(_pooled.aclose)
+        _on_loop_shutdown(_pooled.aclose)
     return _pooled
 
 

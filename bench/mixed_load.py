@@ -1,17 +1,18 @@
 """Quick steps beside slow ones (issue #48): an outcome is written when its step ends, not after its worker's next body.
 
-    .venv/bin/python -m bench.mixed_load [--seconds 10] [--rate 20] [--repeat 5] [--against REV] [--quick]
+    .venv/bin/python -m bench.mixed_load [--waves 8] [--repeat 5] [--against REV] [--quick]
 
 Measured in this one run on this machine, in a database of its own made anew for each
 measurement:
 
-- **mixed load**: one dispatcher of four; this process starts ``NoOp3`` runs one transaction
-  each, ``--rate`` a second for ``--seconds``, and reads each of their steps' time from due
-  (``scheduled_at``) to finished. With slow steps, two ``SleepsChain`` runs (six 2 s steps
-  each) are started first, so two workers run 2 s bodies the whole time and the others' next
-  body is often a slow one; without them (the baseline), nothing else runs. The no-op steps'
-  p99 with slow steps over their p99 without, paired by repetition in an alternating order,
-  with the median ratio's sign-test interval.
+- **mixed load**: one dispatcher of four; every 2.5 s, for ``--waves`` waves, this process
+  starts in one transaction eight ``NoOp1`` runs and, with slow steps, four ``SleepsIO`` runs
+  (one 2 s plain step) among them (two no-op runs, then a slow one, four times), so one claim
+  takes them together and a worker that has just run a no-op step often takes a slow one
+  next; without them (the baseline), the eight no-op runs alone. The no-op steps' time from
+  due (``scheduled_at``) to finished: their p99 with slow steps over their p99 without,
+  paired by repetition in an alternating order, with the median ratio's sign-test interval;
+  with ``--against REV``, the same for ``REV``'s dispatcher.
 - **before / after** (``--against REV``): the dispatcher of git revision ``REV`` (a copy made
   with ``git archive``, with this tree's test app) against this tree's, on ``bench.dispatch``'s backlog (1,000 ``NoOp3``
   runs started before one dispatcher of four drains them) and ``bench.trickle``'s trickle
@@ -37,34 +38,36 @@ from bench.common import quantiles_ms, start_dispatchers, stop, wait_registered,
 from bench.intervals import described
 from bench.limits import paired
 
-#: How long each slow step sleeps.
+#: How long each slow step sleeps, and the time between two waves (each wave's slow bodies end within it).
 SLOW_SECONDS = 2.0
+WAVE_SECONDS = 2.5
 
 
-def noop_p99_ms(seconds: float, rate: float, slow: bool) -> float:
-    """p99 ms from due to finished of no-op steps started at ``rate``/s for ``seconds``, beside slow steps or not."""
+def noop_p99_ms(waves: int, slow: bool) -> float:
+    """p99 ms from due to finished of the no-op steps of ``waves`` waves, with slow steps among them or not."""
+    from django.db import transaction
+
     from pgbus_workflows.models import WorkflowRun, WorkflowStep
-    from tests.testapp.async_workflows import SleepsChain
-    from tests.testapp.workflows import NoOp3
+    from tests.testapp.async_workflows import SleepsIO
+    from tests.testapp.workflows import NoOp1
 
     [process] = start_dispatchers(1, 4)
     try:
         wait_registered(1)
         time.sleep(common.SETTLE_SECONDS)
-        if slow:
-            SleepsChain.start_many([{"arguments": {"seconds": SLOW_SECONDS}} for _ in range(2)])
-            busy = WorkflowStep.objects.filter(run__workflow_class=SleepsChain.name, status="in_progress")
-            wait_until(lambda: busy.count() == 2, 60, "two slow bodies running", 0.05)
-        count = int(seconds * rate)
-        began = time.monotonic()
-        for n in range(count):
-            time.sleep(max(0.0, began + n / rate - time.monotonic()))
-            NoOp3.start()
-        finished = WorkflowRun.objects.filter(workflow_class=NoOp3.name, status="finished")
-        wait_until(lambda: finished.count() >= count, 120, f"{count} NoOp3 runs")
+        for _ in range(waves):
+            with transaction.atomic():  # one commit: claimed together, in this order
+                for _ in range(4):
+                    NoOp1.start()
+                    NoOp1.start()
+                    if slow:
+                        SleepsIO.start(seconds=SLOW_SECONDS)
+            time.sleep(WAVE_SECONDS)
+        finished = WorkflowRun.objects.filter(workflow_class=NoOp1.name, status="finished")
+        wait_until(lambda: finished.count() >= 8 * waves, 120, f"{8 * waves} NoOp1 runs")
     finally:
         stop([process])
-    steps = WorkflowStep.objects.filter(run__workflow_class=NoOp3.name).values_list("scheduled_at", "finished_at")
+    steps = WorkflowStep.objects.filter(run__workflow_class=NoOp1.name).values_list("scheduled_at", "finished_at")
     [p99] = quantiles_ms([(end - due).total_seconds() for due, end in steps], 99)
     return p99
 
@@ -104,26 +107,32 @@ def row(what: str, baseline: list[float], other: list[float], unit: str) -> str:
 def main() -> None:
     """Print the tables (Markdown)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--waves", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--against", help="a git revision whose dispatcher is the before/after baseline")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     runs, trickle_runs = 1000, 500
     if args.quick:
-        args.seconds, args.repeat, runs, trickle_runs = 4.0, 2, 200, 100
+        args.waves, args.repeat, runs, trickle_runs = 3, 2, 200, 100
     common.recreate_database()  # Django set up before the first measurement imports the test app
     alone, beside = paired(
         args.repeat,
-        lambda: noop_p99_ms(args.seconds, args.rate, slow=False),
-        lambda: noop_p99_ms(args.seconds, args.rate, slow=True),
+        lambda: noop_p99_ms(args.waves, slow=False),
+        lambda: noop_p99_ms(args.waves, slow=True),
     )
-    title = f"no-op steps, {args.rate:g}/s for {args.seconds:g} s, one dispatcher of four, {args.repeat} pairs"
-    print(f"| {title} | without slow steps | beside two 2 s steps | ratio | interval |")
+    title = f"no-op steps, {args.waves} waves, one dispatcher of four, {args.repeat} pairs"
+    print(f"| {title} | without slow steps | among 2 s steps | ratio | interval |")
     print("|---|---:|---:|---:|---|")
     print(row("p99 due to finished", alone, beside, "ms"))
     if args.against:
+        with dispatchers_of(args.against):
+            alone, beside = paired(
+                args.repeat,
+                lambda: noop_p99_ms(args.waves, slow=False),
+                lambda: noop_p99_ms(args.waves, slow=True),
+            )
+        print(row(f"p99 due to finished, `{args.against}`'s dispatcher", alone, beside, "ms"))
         from bench.dispatch import throughput
         from bench.trickle import trickle
 

@@ -231,37 +231,6 @@ class SwallowsCancel(Workflow):
                 continue
 
 
-class SleepsChain(Workflow):
-    """Six plain steps of ``seconds`` each, one after the other (``bench.mixed_load``'s slow steps)."""
-
-    name = "sleeps_chain"
-    allow_multiple = True
-
-    @step
-    def first(self):
-        time.sleep(self.arguments["seconds"])
-
-    @step
-    def second(self):
-        time.sleep(self.arguments["seconds"])
-
-    @step
-    def third(self):
-        time.sleep(self.arguments["seconds"])
-
-    @step
-    def fourth(self):
-        time.sleep(self.arguments["seconds"])
-
-    @step
-    def fifth(self):
-        time.sleep(self.arguments["seconds"])
-
-    @step
-    def sixth(self):
-        time.sleep(self.arguments["seconds"])
-
-
 class PooledClient:
     """A small async client with a pool of connections, as an HTTP client keeps (``bench.async_bodies``).
 

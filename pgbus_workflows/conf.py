@@ -120,7 +120,7 @@ class WorkflowSettings:
     #: ``ChildDepthExceeded``.
     MAX_CHILD_DEPTH: int
     #: How many ``async def`` bodies a dispatcher awaits at once on its event loop (``--async-concurrency``
-    #: overrides it; ``0``: each on its worker thread).
+    #: overrides it; past them, and with ``0``, each holds its worker thread while it awaits on that loop).
     ASYNC_CONCURRENCY: int
     #: Whether ``manage.py workflows_mcp`` offers the write tools (pause, resume, cancel, skip, resume at, run
     #: now, signal).

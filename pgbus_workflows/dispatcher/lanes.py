@@ -47,6 +47,14 @@ def work_key(work: Work) -> tuple[str, int]:
     return ("job", work.pk) if isinstance(work, FanOutJob) else ("step", work.pk)
 
 
+def body_key(claim: Claim) -> tuple[str, str]:
+    """What a body's duration is remembered by: its step's class and name, or its job's function."""
+    if isinstance(claim, FanOutJob):
+        return ("job", claim.function)
+    run = claim._state.fields_cache.get("run")  # claims come with their run; never a query here
+    return (run.workflow_class if run is not None else "", claim.step_name)
+
+
 class Lane:
     """One worker's own queue (the steps its transactions claimed), what it runs and has not written."""
 
@@ -61,6 +69,9 @@ class Lane:
         self.current: Work | None = None
         #: Outcomes and job ends run and not yet written (kept here so a dead thread's are not lost).
         self.batch = Batch()
+        #: The batch set aside while its worker runs a body expected to be quick: joined by
+        #: that body's end, or written by an idle worker should the body run long after all.
+        self.parked: Batch | None = None
         #: Whether its worker waits for work.
         self.idle = False
         #: ``time.monotonic()`` when its worker last came for work (not when a wait merely timed out).
@@ -98,6 +109,13 @@ class Batch:
         if end is not None:
             self._open()
             self.ends.append(end)
+
+    def join(self, later: Batch) -> None:
+        """Add what ``later`` holds (ended after this batch's own)."""
+        if later and not self:
+            self._opened = later._opened
+        self.performed.extend(later.performed)
+        self.ends.extend(later.ends)
 
     def _open(self) -> None:
         if not self:

@@ -65,8 +65,9 @@ class WorkflowDispatcher:
         async_concurrency: int | None = None,
     ) -> None:
         self.concurrency = concurrency
-        #: How many ``async def`` bodies await on the event loop at once (0: none; they are
-        #: awaited on the worker threads). None: the setting ``ASYNC_CONCURRENCY``.
+        #: How many ``async def`` bodies await on the event loop at once holding no thread (past
+        #: them, and with 0, each holds its worker while it awaits there). None: the setting
+        #: ``ASYNC_CONCURRENCY``.
         self.async_concurrency = settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
         self.queues = frozenset(queues) if queues else None
         self.once = once
@@ -212,6 +213,7 @@ class WorkflowDispatcher:
             logger.warning("Dispatcher %s was taken for dead (heartbeat too old): registering again", self.name)
             self._register()
         self.wakeups.elect()
+        self.pool.cancel_stalled()  # a stalled attempt's async body leaves the loop, its place freed
         if self.sweep and not self.once and lost_sessions(now):
             self._sweep_soon.set()
         if not self._announced and self.pool.size:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from django.db import connection
 
@@ -24,7 +25,7 @@ from ..models import FanOutJob, WorkflowStep
 from ..services.claims import still_in_progress
 from ..services.slots import give_back_unrun
 from .coroutines import CoroutineLoop
-from .lanes import Lane, Queued, Work, work_key
+from .lanes import Batch, Lane, Queued, Work, work_key
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -80,15 +81,16 @@ class WorkQueues:
         ``BATCH_SIZE``; one when bodies are slow), so claimed work never waits long. While
         work is held, less than a batch is not worth a claim: the next release will do.
 
-        Bodies awaiting on the event loop hold no worker: they do not count. While the loop is
-        full, async bodies are awaited on the workers, so a claim is a step per worker.
+        Bodies awaiting in the event loop's places hold no worker: they do not count. While
+        those places are all taken, the next async bodies hold their workers (each waits for
+        its body on the loop), so a claim is a step per worker.
         """
         quick = int(BATCH_WINDOW / self._body_seconds) if self._body_seconds else 1
         per_worker = max(1, min(self.batch_size, quick))
         awaiting = 0
         if self.coroutines is not None:
             awaiting = self.coroutines.in_flight()
-            if self.coroutines.full():
+            if self.coroutines.capacity and self.coroutines.full():
                 per_worker = 1
         with self._lock:
             free = self.size * per_worker - (len(self._held) - awaiting)
@@ -165,8 +167,9 @@ class WorkQueues:
                 self._wake_all()  # idle workers waiting for the last claims may exit
         self._on_free()
 
-    def _take(self, lane: Lane, wait: bool) -> Queued | None:
-        """Work for ``lane``'s worker: its own, then shared, then what waits behind a slow body.
+    def _take(self, lane: Lane, wait: bool) -> Queued | tuple[Batch, bool] | None:
+        """Work for ``lane``'s worker: its own, then shared, then what waits behind a slow body
+        (claims, or outcomes parked before it: a batch to write).
 
         None when there is none and ``wait`` is false, or when stopping and nothing is held.
         """
@@ -183,7 +186,7 @@ class WorkQueues:
                         break
                     stolen, patience = self._steal()
                     if stolen is not None:
-                        if any(other.queue and other.body_since is not None for other in self._lanes):
+                        if any(_behind(other) for other in self._lanes):
                             self._wake_idle(1)  # the next watcher: more waits behind a body
                         return stolen
                     if not wait or (self._stopping.is_set() and not self._held):
@@ -265,8 +268,8 @@ class WorkQueues:
             self._release(gone)  # cancelled (or stalled) between the claim and now: they never run
             give_back_unrun(gone)
 
-    def _steal(self) -> tuple[Queued | None, float]:
-        """Work queued behind a body running for over ``BATCH_WINDOW``; else how long to wait.
+    def _steal(self) -> tuple[Queued | tuple[Batch, bool] | None, float]:
+        """Outcomes parked or work queued behind a body running for over ``BATCH_WINDOW``; else how long to wait.
 
         An idle worker sleeps until new work is handed out, or until the soonest body with
         work behind it has run for ``BATCH_WINDOW`` (at most a second, to see ``stopping``).
@@ -274,11 +277,15 @@ class WorkQueues:
         now = time.monotonic()
         patience = 1.0
         for other in self._lanes:
-            if other.queue and other.body_since is not None:
-                ripe = other.body_since + BATCH_WINDOW - now
-                if ripe < 0:
+            if _behind(other):
+                ripe = cast(float, other.body_since) + BATCH_WINDOW - now
+                if ripe >= 0:
+                    patience = min(patience, ripe + 0.001)
+                elif other.parked is not None:
+                    parked, other.parked = other.parked, None
+                    return (parked, False), 0.0
+                else:
                     return other.queue.pop(), 0.0
-                patience = min(patience, ripe + 0.001)
         return None, patience
 
     def _lost(self, works: Sequence[Work]) -> None:
@@ -286,3 +293,8 @@ class WorkQueues:
         connection.close()
         self._release(works)
         self._on_lost()
+
+
+def _behind(lane: Lane) -> bool:
+    """Whether work is queued or outcomes parked behind ``lane``'s body. Lock held."""
+    return lane.body_since is not None and (bool(lane.queue) or lane.parked is not None)

@@ -4,7 +4,12 @@ The dispatcher's loop claims due work and hands it to the pool (a shared queue).
 takes one piece at a time and runs its body; the outcomes of quick steps wait (at most
 ``BATCH_SIZE`` of them, at most ``BATCH_WINDOW`` seconds) and are then applied in one
 transaction, which also claims, for the same worker, the next steps that are due at once.
-Those go to the worker's own lane, so a run's steps keep being batched by one worker.
+Those go to the worker's own lane, so a run's steps keep being batched by one worker. Only
+outcomes of steps that end together are joined: before a body not known to be quick (its
+step's recent bodies took ``QUICK_BODY`` or more on average; a step not seen yet), the
+worker writes what it holds; before a quick one it parks them, and should that body run
+past ``BATCH_WINDOW`` after all, an idle worker writes them. So no outcome waits behind a
+slow body while a worker is free to write it.
 
 A slow body never holds other work up: when a worker has been inside one body for longer
 than ``BATCH_WINDOW``, idle workers take the waiting work of its lane. Nothing claimed is
@@ -28,11 +33,17 @@ from ..services.chain import Chain
 from ..services.executor import begin_step
 from ..services.fanout import JobEnd, record_job_ends, start_job
 from ..services.outcome import StepOutcome
+from ..states import StepOutcomeKind
 from .coroutines import CoroutineLoop
-from .lanes import Batch, Lane, Settled, work_key
+from .lanes import Batch, Lane, Settled, Work, body_key, work_key
 from .taking import BATCH_WINDOW, WorkQueues
 
 logger = logging.getLogger("pgbus_workflows")
+
+#: A step whose bodies take less than this on average is known to be quick: the outcomes its
+#: worker holds wait for its body, to be written with its own (an idle worker writes them
+#: should it run past ``BATCH_WINDOW`` after all). Before any other body they are written.
+QUICK_BODY = 0.1
 
 
 class WorkerPool(WorkQueues):
@@ -49,13 +60,16 @@ class WorkerPool(WorkQueues):
         on_lost: Callable[[], None],
         async_capacity: int = 0,
     ) -> None:
-        coroutines = CoroutineLoop(async_capacity, self._hand_back, self._drop) if async_capacity and size else None
+        coroutines = CoroutineLoop(async_capacity, self._hand_back, self._drop) if size else None
         super().__init__(size=size, stopping=stopping, on_free=on_free, on_lost=on_lost, coroutines=coroutines)
         self.name = name
         self.queues = queues
         self._threads = [self._thread(lane) for lane in self._lanes]
         #: Worker threads that died and were replaced (each logged).
         self.replaced = 0
+        #: How long each step's (class and name) or job function's bodies take (a moving
+        #: average): a worker writes the outcomes it holds before a body not known to be quick.
+        self._step_seconds: dict[tuple[str, str], float] = {}
 
     def _thread(self, lane: Lane) -> threading.Thread:
         return threading.Thread(target=self._serve, args=(lane,), name=f"pgbus-worker-{lane.number}", daemon=True)
@@ -107,16 +121,47 @@ class WorkerPool(WorkQueues):
                 self._write_batch(lane, chain)
                 continue
             work, verify = taken
+            if isinstance(work, Batch):  # another worker's, whose body turned out slow
+                self._write(work, chain, lane)
+                continue
             lane.current = work
             if isinstance(work, Settled):
                 self._settle(work, lane)
-            elif isinstance(work, FanOutJob):
-                lane.batch.add_job(self._run_job(work, lane))
             else:
-                lane.batch.add_step(self._perform(work, chain, verify, lane))
+                self._before_body(lane, work, chain)
+                if isinstance(work, FanOutJob):
+                    end = self._run_job(work, lane)
+                    self._unpark(lane)
+                    lane.batch.add_job(end)
+                else:
+                    performed = self._perform(work, chain, verify, lane)
+                    self._unpark(lane)
+                    lane.batch.add_step(performed)
             lane.current = None
             if len(lane.batch) >= self.batch_size or lane.batch.age() >= BATCH_WINDOW:
                 self._write_batch(lane, chain)
+
+    def _before_body(self, lane: Lane, work: WorkflowStep | FanOutJob, chain: Chain) -> None:
+        """Write what ``lane`` holds before a body not known to be quick; before a quick one, park it.
+
+        Parked, it waits for the body's end to be joined by its outcome; should the body run
+        past ``BATCH_WINDOW`` after all, an idle worker writes it meanwhile (:meth:`_steal`).
+        """
+        if not lane.batch:
+            return
+        if not self._known_quick(work):
+            self._write_batch(lane, chain)
+            return
+        with self._lock:
+            lane.parked, lane.batch = lane.batch, Batch()
+
+    def _unpark(self, lane: Lane) -> None:
+        """The body is over: what ``lane`` parked before it, unless another worker wrote it, is its batch again."""
+        with self._lock:
+            parked, lane.parked = lane.parked, None
+        if parked is not None:
+            parked.join(lane.batch)
+            lane.batch = parked
 
     def _write_batch(self, lane: Lane, chain: Chain) -> None:
         batch, lane.batch = lane.batch, Batch()
@@ -129,6 +174,7 @@ class WorkerPool(WorkQueues):
         is given up (the orphan recovery stalls it at once); its queued claims go to the others.
         """
         connection.close()
+        self._unpark(lane)
         current, lane.current, lane.body_since = lane.current, None, None
         if lane.batch:
             try:
@@ -148,6 +194,16 @@ class WorkerPool(WorkQueues):
             thread = self._threads[lane.number] = self._thread(lane)
             thread.start()
 
+    def _known_quick(self, work: Work) -> bool:
+        """Whether ``work``'s recent bodies took under ``QUICK_BODY`` on average (settling a coroutine's end does).
+
+        An average, not the slowest: a quick body that waited for the GIL now and then (five
+        threads on two cores) would otherwise cost its step its batching.
+        """
+        if isinstance(work, Settled):
+            return True
+        return self._step_seconds.get(body_key(work), QUICK_BODY) < QUICK_BODY
+
     def _enter_body(self, lane: Lane) -> float:
         """Mark ``lane``'s worker as inside a body; an idle worker then times when to take its queue.
 
@@ -156,16 +212,21 @@ class WorkerPool(WorkQueues):
         takes work behind a body wakes the next (:meth:`_take`).
         """
         lane.body_since = time.monotonic()
-        if lane.queue:
+        if lane.queue or lane.parked is not None:
             with self._lock:
                 if not self._looked_at_by(lane.body_since + BATCH_WINDOW):
                     self._wake_idle(1)
         return lane.body_since
 
-    def _leave_body(self, lane: Lane, began: float) -> None:
-        """The body is over: its duration goes into the moving average that sizes the claims."""
+    def _leave_body(self, lane: Lane, began: float, work: WorkflowStep | FanOutJob) -> None:
+        """The body is over: its duration goes into the moving average that sizes the claims,
+        and into its step's (or job function's) own."""
         lane.body_since = None
-        self._body_seconds = 0.8 * self._body_seconds + 0.2 * (time.monotonic() - began)
+        seconds = time.monotonic() - began
+        self._body_seconds = 0.8 * self._body_seconds + 0.2 * seconds
+        key = body_key(work)
+        # The first body sets it: a step seen to be slow once is slow at once, not after five.
+        self._step_seconds[key] = 0.8 * self._step_seconds.get(key, seconds) + 0.2 * seconds
 
     def _perform(
         self, step: WorkflowStep, chain: Chain, verify: bool, lane: Lane
@@ -181,13 +242,14 @@ class WorkerPool(WorkQueues):
                     return step, started
                 if self._submitted(step, started):
                     return None
-                return step, started.run_here()  # the loop is full: awaited on this thread
+                held = self._await_held(step, started)  # the loop is full: this thread waits for it
+                return None if held is None else (step, cast(StepOutcome, held))
         except BaseException:
             logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)
             self._lost([step])
             return None
         finally:
-            self._leave_body(lane, began)
+            self._leave_body(lane, began, step)
         self.hand_out(chain.take(), verify=False, lane=lane)  # an atomic step's next step
         self._release([step])
         return None
@@ -199,6 +261,40 @@ class WorkerPool(WorkQueues):
         self._on_free()
         return True
 
+    def _await_held(self, claim: WorkflowStep | FanOutJob, awaiting: Awaiting[Any]) -> StepOutcome | JobEnd | None:
+        """Await the coroutine on the loop past its places, this worker waiting for its end.
+
+        None when it was dropped (its attempt stalled meanwhile): its claim is given up here.
+        """
+        settled = cast(CoroutineLoop, self.coroutines).await_held(claim, awaiting)  # a pool with workers has one
+        if settled is None:
+            self._release([claim])
+            return None
+        return settled.result()
+
+    def cancel_stalled(self) -> int:
+        """Cancel the async bodies whose attempts (or jobs) were stalled meanwhile; how many.
+
+        Their places on the loop are freed and their ends never written (the stall wrote theirs).
+        """
+        if self.coroutines is None:
+            return 0
+        claims = self.coroutines.claims()
+        steps = [claim.pk for claim in claims if isinstance(claim, WorkflowStep)]
+        jobs = {claim.pk: claim.stalls for claim in claims if isinstance(claim, FanOutJob)}
+        stalled = [
+            ("step", pk)
+            for pk in WorkflowStep.objects.filter(pk__in=steps, outcome=StepOutcomeKind.STALLED).values_list(
+                "pk", flat=True
+            )
+        ]
+        rows = FanOutJob.objects.filter(pk__in=list(jobs)).values_list("pk", "stalls") if jobs else []
+        stalled += [("job", pk) for pk, stalls in rows if stalls > jobs[pk]]
+        cancelled = self.coroutines.cancel(stalled, "its attempt was stalled") if stalled else 0
+        if cancelled:
+            logger.warning("Cancelled %d async bod(ies) whose attempts were stalled meanwhile", cancelled)
+        return cancelled
+
     def _hand_back(self, settled: Settled) -> None:
         """On the loop's thread: a coroutine ended; a worker writes its outcome with its batch."""
         with self._lock:
@@ -208,7 +304,7 @@ class WorkerPool(WorkQueues):
             self._wake_idle(1)
 
     def _drop(self, claim: WorkflowStep | FanOutJob) -> None:
-        """On the loop's thread: a body cancelled at shutdown; its attempt is left to be stalled."""
+        """On the loop's thread: a body cancelled (stalled, or at shutdown); its claim is given up, not written."""
         self._release([claim])
 
     def _settle(self, settled: Settled, lane: Lane) -> None:
@@ -249,6 +345,6 @@ class WorkerPool(WorkQueues):
             started = start_job(job)
             if not isinstance(started, Awaiting):
                 return started
-            return None if self._submitted(job, started) else started.run_here()
+            return None if self._submitted(job, started) else cast(JobEnd | None, self._await_held(job, started))
         finally:
-            self._leave_body(lane, began)
+            self._leave_body(lane, began, job)

@@ -14,12 +14,22 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from pgbus_workflows import Job, Workflow, fan_out, step
+from pgbus_workflows.dispatcher import coroutines
 from pgbus_workflows.dispatcher.workers import WorkerPool
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowStep
 from pgbus_workflows.services import fanout
-from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.claims import claim_due_steps, stall
 from tests.procs import eventually
-from tests.testapp.async_workflows import GATE, gated_job
+from tests.testapp.async_workflows import (
+    GATE,
+    SHARED_CLIENT,
+    EchoServer,
+    NeverReturns,
+    SwallowsCancel,
+    UsesSharedClient,
+    gated_job,
+)
+from tests.testapp.models import SideEffect
 from tests.testapp.workflows import NoOp3
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,12 +37,20 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: The threads the gated bodies' awaited sync calls ran on.
 ORM_THREADS = set()
+#: The event loops the gated bodies ran on.
+LOOPS = set()
+
+
+def began(label):
+    return SideEffect.objects.filter(label=label).exists()
 
 
 @pytest.fixture(autouse=True)
 def gate():
     GATE.reset()
     ORM_THREADS.clear()
+    LOOPS.clear()
+    SHARED_CLIENT.forget()
     yield GATE
     GATE.opened.set()
 
@@ -45,6 +63,7 @@ class Gated(Workflow):
 
     @step
     async def call(self):
+        LOOPS.add(id(asyncio.get_running_loop()))
         ORM_THREADS.add(await sync_to_async(threading.get_ident)())
         await GATE.wait(str(self.workflow_id))
         return {"n": self.arguments["n"]}
@@ -150,14 +169,15 @@ def test_one_worker_thread_awaits_ten_bodies_at_once_and_still_runs_plain_steps(
     assert sorted(wf.reload().outputs["record"] for wf in runs) == list(range(10))
 
 
-def test_a_full_loop_leaves_the_next_bodies_to_the_worker_threads(pool_of):
+def test_past_its_places_the_next_bodies_hold_their_workers_on_the_same_loop(pool_of):
     Gated.start_many([{"arguments": {"n": n}} for n in range(110)])
     pool = pool_of(4, awaiting=100)
     eventually(
         lambda: claim_all(pool) == [] and len(GATE.entered) == 104,
-        what="a hundred bodies on the loop and four on the threads",
+        what="a hundred bodies in the loop's places and four held by the threads",
     )
     assert pool.coroutines.full()
+    assert len(LOOPS) == 1, "every body awaits on the dispatcher's one loop"
     deadline = time.monotonic() + 0.5
     while time.monotonic() < deadline:
         assert len(GATE.entered) == 104, "a claimed body waits for a place rather than past the capacity"
@@ -167,23 +187,81 @@ def test_a_full_loop_leaves_the_next_bodies_to_the_worker_threads(pool_of):
         lambda: WorkflowStep.objects.filter(step_name="call", status="completed").count() == 110,
         what="the 110 outcomes to be written",
     )
+    assert len(LOOPS) == 1
 
 
-def test_without_a_loop_each_body_is_awaited_on_its_worker(pool_of):
+def test_without_places_each_body_holds_its_worker_on_the_one_loop(pool_of):
     Gated.start_many([{"arguments": {"n": n}} for n in range(3)])
     pool = pool_of(1, awaiting=0)
-    assert pool.coroutines is None
     claim_all(pool)
     eventually(lambda: len(GATE.entered) == 1, what="the first body")
     deadline = time.monotonic() + 0.3
     while time.monotonic() < deadline:
-        assert len(GATE.entered) == 1, "one worker, no loop: one body at a time"
+        assert len(GATE.entered) == 1, "one worker, no places: one body at a time"
         time.sleep(0.02)
     GATE.opened.set()
     eventually(
         lambda: WorkflowStep.objects.filter(step_name="call", status="completed").count() == 3,
         what="the three outcomes",
     )
+    assert len(LOOPS) == 1, "the three bodies awaited on one long-lived loop"
+    assert LOOPS == {id(pool.coroutines._loop)}
+
+
+@pytest.mark.parametrize("places", [2, 0])
+def test_a_module_level_client_serves_every_async_body(pool_of, places):
+    with EchoServer() as server:
+        runs = UsesSharedClient.start_many([{"arguments": {"n": n, "port": server.port}} for n in range(24)])
+        pool = pool_of(4, awaiting=places)
+        eventually(finished(pool, *runs), timeout=60, what="the 24 runs to finish")
+        assert not SHARED_CLIENT.closed
+        pool._stopping.set()
+        assert not pool.join(time.monotonic() + 30)
+    assert sorted(int(wf.reload().outputs["call"]) for wf in runs) == list(range(24))
+    assert SHARED_CLIENT.closed, "the client registered with on_loop_shutdown was closed on the loop as it stopped"
+
+
+def stall_attempt(step):
+    assert stall(step.pk, step.run_id, detection="orphaned_claim")
+
+
+def test_a_stalled_body_that_never_returns_is_cancelled_and_frees_its_place(pool_of):
+    wf = NeverReturns.start()
+    pool = pool_of(1, awaiting=1)
+    [step] = claim_all(pool)
+    eventually(lambda: pool.coroutines.in_flight() == 1 and began("never-returns-began"), what="the body")
+    assert pool.cancel_stalled() == 0, "an attempt in progress keeps its body"
+
+    stall_attempt(step)
+    assert pool.cancel_stalled() == 1
+    eventually(lambda: pool.coroutines.in_flight() == 0, what="the cancelled body to leave the loop")
+    assert ("step", step.pk) not in pool.held()
+    assert WorkflowStep.objects.get(pk=step.pk).outcome == "stalled", "the stall's end stands, none written after"
+
+    # Its reattempt takes the freed place: it awaits in it, holding no worker.
+    [again] = claim_all(pool)
+    assert again.run_id == wf.record.pk
+    eventually(lambda: pool.coroutines.in_flight() == 1, what="the reattempt in the freed place")
+    assert pool.free_slots() >= 1
+    stall_attempt(again)
+    pool.cancel_stalled()
+
+
+def test_a_body_swallowing_its_cancellation_is_logged_and_no_longer_counted(pool_of, caplog, monkeypatch):
+    monkeypatch.setattr(coroutines, "CANCEL_GRACE", 0.2)
+    wf = SwallowsCancel.start()
+    pool = pool_of(1, awaiting=1)
+    [step] = claim_all(pool)
+    eventually(lambda: began("swallows-began"), what="the body")
+    stall_attempt(step)
+    with caplog.at_level(logging.ERROR, logger="pgbus_workflows"):
+        assert pool.cancel_stalled() == 1
+        eventually(lambda: pool.coroutines.in_flight() == 0, what="the body to be given up")
+    [logged] = [record.getMessage() for record in caplog.records if "swallows CancelledError" in record.getMessage()]
+    assert logged.startswith(f"async_swallows_cancel {wf.workflow_id} step call (attempt 1) did not end")
+    assert ("step", step.pk) not in pool.held()
+    assert not pool.coroutines.claims()
+    assert len(pool.coroutines._unending) == 1, "it runs on, referenced, uncounted"
 
 
 def test_async_jobs_await_on_the_loop_together(pool_of):
@@ -194,6 +272,19 @@ def test_async_jobs_await_on_the_loop_together(pool_of):
     jobs = fanout.claim_due_jobs(10, None, "w")
     pool.hand_out(jobs, verify=True)
     eventually(lambda: len(GATE.entered) == 6, what="the six async jobs to await at once on one worker")
+    GATE.opened.set()
+    eventually(finished(pool, wf), what="the fan-out to resolve and the run to end")
+    assert wf.reload().outputs["total"] == sum(n * 10 for n in range(6))
+
+
+def test_without_places_async_jobs_hold_their_worker_on_the_one_loop(pool_of):
+    wf = GatedFanOut.start()
+    pool = pool_of(1, awaiting=0)
+    claim_all(pool)
+    eventually(lambda: FanOutJob.objects.count() == 6, what="the fan-out's jobs")
+    pool.hand_out(fanout.claim_due_jobs(10, None, "w"), verify=True)
+    eventually(lambda: len(GATE.entered) == 1, what="the first job, held by the one worker")
+    assert pool.coroutines.in_flight() == 0 and len(pool.coroutines.claims()) == 1
     GATE.opened.set()
     eventually(finished(pool, wf), what="the fan-out to resolve and the run to end")
     assert wf.reload().outputs["total"] == sum(n * 10 for n in range(6))

@@ -188,3 +188,20 @@ def test_an_async_body_past_its_timeout_is_cancelled_and_its_attempt_stalls():
     # A TimeoutError the body raises itself is its error, for its policy (the default pauses).
     assert (attempts[2].step_name, attempts[2].error_class) == ("own_timeout", "TimeoutError")
     assert wf.reload().status == "paused"
+
+
+def test_from_a_sync_test_a_module_level_client_is_made_anew_between_helper_calls():
+    from tests.testapp.async_workflows import SHARED_CLIENT, EchoServer, UsesSharedClient
+
+    SHARED_CLIENT.forget()
+    with EchoServer() as server:
+        first = UsesSharedClient.start(n=1, port=server.port)
+        assert helpers.perform_next_step(first).reload().outputs["call"] == "1"
+        # The next call awaits on a loop of its own: the client belongs to the closed one.
+        second = UsesSharedClient.start(n=2, port=server.port)
+        helpers.perform_next_step(second)
+        assert WorkflowStep.objects.get(run=second.record).outcome != "success"
+        SHARED_CLIENT.forget()  # set back to None between calls
+        third = UsesSharedClient.start(n=3, port=server.port)
+        assert helpers.perform_next_step(third).reload().outputs["call"] == "3"
+    SHARED_CLIENT.forget()

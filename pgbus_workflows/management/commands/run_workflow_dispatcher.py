@@ -107,8 +107,8 @@ class Command(BaseCommand):
             "--async-concurrency",
             type=non_negative_int,
             metavar="N",
-            help="async def bodies awaiting at once on the event loop, beside the threads "
-            "(0: awaited on the threads; default: the setting ASYNC_CONCURRENCY, 100)",
+            help="async def bodies awaiting at once on the event loop holding no thread "
+            "(past them, and with 0, each holds its worker; default: the setting ASYNC_CONCURRENCY, 100)",
         )
         parser.add_argument(
             "--queue",

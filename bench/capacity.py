@@ -2,6 +2,8 @@
 
     python -m bench.capacity [--runs N]
 
+(:func:`counted` alone touches no environment: a test imports it without the bench database.)
+
 Each operation runs ``N`` times on the bench database made anew, one at a time on one
 connection, as a web request or a dispatcher's worker in a trickle does it:
 
@@ -37,9 +39,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-
-from bench.common import drop_database, recreate_database
-from bench.instructions import steps_one_at_a_time
 
 DEFAULT_RUNS = 300
 #: The replication slot that keeps the measured WAL until it is read.
@@ -166,6 +165,9 @@ def measure(runs: int) -> dict[str, dict[str, float]]:
     connection, planning each statement; a dispatcher's work (a step, a job, a task's run) with
     the engine's statements prepared, as a dispatcher's connections have them.
     """
+    from bench.common import drop_database, recreate_database  # it points DATABASE_URL at the bench's
+    from bench.instructions import steps_one_at_a_time
+
     recreate_database()
     try:
         from tests.testapp.tasks import add
@@ -221,6 +223,7 @@ def dispatching() -> Iterator[None]:
 
 def _jobs(fan_out: Any, runs: int) -> Cost:
     """The cost of ``runs`` jobs of one fan-out, each claimed and run alone as a worker does."""
+    from bench.instructions import steps_one_at_a_time
     from pgbus_workflows.services.chain import Chain
     from pgbus_workflows.services.fanout import claim_due_jobs, execute_job
 

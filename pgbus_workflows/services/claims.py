@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from .. import signals, sql
 from ..conf import settings
-from ..dsl.deploy import can_run_step, catalog_json, limits_declared
+from ..dsl.deploy import can_run_step, catalog_json
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..states import JobStatus, RunStatus, StepStatus
@@ -151,8 +151,7 @@ def _claim_pass(
     claimed; ``unknown`` pairs are left out of them, and a due step of a pair this process's
     code cannot run is passed over.
     """
-    limited = limits_declared()
-    params: list[Any] = [now] if limited else []  # the limiters' clock
+    params: list[Any] = [now]  # the limiters' clock
     params += [value for pair in unknown for value in pair]  # the run's lateral subquery comes first
     params += [due_by, *([] if queues is None else [queues])]
     params += [limit, limit]  # a priority's, the claim's
@@ -161,7 +160,7 @@ def _claim_pass(
     db = transaction.get_connection()
     params += [rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)]
     params += [now, *([] if queues is None else [queues])] * 3  # the look-ahead: steps, jobs later, jobs now
-    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction, limited)
+    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction)
     if own_transaction:
         found = sql.fetch_in_index_order(text, params)
     else:  # the setting would last until the caller's commit
@@ -175,7 +174,7 @@ def _claim_pass(
         if row[3] is None:
             continue  # nothing was due: the look-ahead's row alone
         if row[5] is None:
-            if limited and can_run_step(row[3], row[4]):
+            if can_run_step(row[3], row[4]):
                 past_room = True  # past its key's room in this claim: left for the next
             else:
                 passed_over.add((row[3], row[4]))

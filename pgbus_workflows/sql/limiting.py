@@ -1,7 +1,7 @@
 """The statements of ``Concurrency`` and ``RateLimit``: the limiter rows, and what the claim adds to take them.
 
 A step under limits stores the names of its limiter rows (``WorkflowStep.limiters``, jsonb).
-The claim (``claiming.claim_steps`` with ``limited``) locks a due step's limiter rows that
+The claim (``claiming.claim_steps``) locks a due step's limiter rows that
 have room, ``FOR UPDATE SKIP LOCKED``, before it locks the step's run: a row changed since
 the claim's snapshot is re-read at its latest version, so the room it sees is the room
 committed by every other claim and outcome. Steps of one key in one claim are ranked, and
@@ -57,9 +57,18 @@ def limiter_lateral(conn: Any, at: str) -> str:
     return f"SELECT count(*) AS n, jsonb_object_agg(g.name, g.room) AS room FROM ({locked}) g"
 
 
-def may_claim(lateral: str) -> str:
-    """The test that a step's limiter rows all have room (true for a step with no limiters)."""
-    return f"(s.limiters IS NULL OR {lateral}.n = jsonb_array_length(s.limiters))"
+def may_claim(conn: Any, lateral: str) -> str:
+    """The test that each of a step's limiter rows has room (true for a step with no limiters).
+
+    Rows the lateral left out (no room, or locked by another claim) are those that exist
+    with no room to give it: a name whose row is gone (deleted by an operator) limits
+    nothing, so a step under it is never stranded. Counted only when the lateral left one
+    out (``OR`` stops at the first true).
+    """
+    names = "ARRAY(SELECT jsonb_array_elements_text(s.limiters))"
+    existing = f"(SELECT count(*) FROM {table(conn, WorkflowLimiter)} e WHERE e.name = ANY({names}))"
+    whole = f"{lateral}.n = jsonb_array_length(s.limiters)"
+    return f"(s.limiters IS NULL OR {whole} OR {lateral}.n = {existing})"
 
 
 def over_room(runnable_of: str) -> str:

@@ -22,7 +22,14 @@ order from one repetition to the next), with the median's sign-test interval:
   per second, drained by two dispatchers of four: after the burst of 50, the claims' rate
   (from their ``started_at``) against the budget.
 
-``--quick`` shrinks every size (a smoke run, not figures to publish).
+- **a backlog behind a full key**: ``--runs`` ``NoOp3`` runs drained by one dispatcher of four
+  while ``--held`` ``KeyedSleeper`` steps wait behind one key whose one slot a step holds
+  (its body sleeps for the whole measurement), against the same with the slot held and
+  nothing waiting behind it (issue #48: a claim of any class walked every held-back step).
+  The held-back steps are due before the runs: the dispatcher's first claims park them.
+
+``--quick`` shrinks every size (a smoke run, not figures to publish); ``--held-back-only``
+measures the last table alone.
 """
 
 from __future__ import annotations
@@ -74,6 +81,48 @@ def backlog(class_name: str, runs: int, dispatchers: int = 1, concurrency: int =
     steps = WorkflowStep.objects.filter(run__workflow_class=class_name)
     span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return steps.count() / (span["last"] - span["first"]).total_seconds()
+
+
+def behind_a_full_key(held: int, runs: int) -> float:
+    """NoOp3 steps/s draining ``runs`` runs while ``held`` steps wait behind one full key (its slot held throughout)."""
+    from django.db.models import Max, Min
+
+    from pgbus_workflows.models import WorkflowRun, WorkflowStep
+    from tests.testapp.limited_workflows import KeyedSleeper
+    from tests.testapp.workflows import NoOp3
+
+    KeyedSleeper.start(account="hot", seconds=3600)  # takes the key's one slot, and keeps it
+    for first in range(0, held, 10_000):
+        KeyedSleeper.start_many([{"arguments": {"account": "hot"}} for _ in range(min(10_000, held - first))])
+    NoOp3.start_many([{} for _ in range(runs)])
+    processes = start_dispatchers(1, 4)
+    try:
+        finished = WorkflowRun.objects.filter(workflow_class=NoOp3.name, status="finished")
+        wait_until(lambda: finished.count() >= runs, 900, f"{runs} NoOp3 runs behind {held} held-back steps")
+    finally:
+        stop(processes)
+    if held:
+        COUNT_SECONDS.append(seconds_to_count())
+    steps = WorkflowStep.objects.filter(run__workflow_class=NoOp3.name)
+    span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    return steps.count() / (span["last"] - span["first"]).total_seconds()
+
+
+#: How long the held-back counts took behind the held-back steps, one figure a measurement.
+COUNT_SECONDS: list[float] = []
+
+
+def seconds_to_count() -> float:
+    """The best of three readings of the held-back counts (the dashboard's and the metric's)."""
+    from pgbus_workflows.services.limiting import held_back_counts
+    from pgbus_workflows.sql import clock
+
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        held_back_counts(clock.now())
+        times.append(time.perf_counter() - began)
+    return min(times)
 
 
 def paired(repeat: int, baseline: Callable[[], float], other: Callable[[], float]) -> tuple[list[float], list[float]]:
@@ -141,10 +190,27 @@ def main() -> None:
     parser.add_argument("--trickle-runs", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--rate-runs", type=int, default=500)
+    parser.add_argument("--held", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--held-back-only", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.runs, args.trickle_runs, args.repeat, args.rate_runs = 200, 100, 2, 120
+        args.runs, args.trickle_runs, args.repeat, args.rate_runs, args.held = 200, 100, 2, 120, 5000
+    if not args.held_back_only:
+        other_tables(args)
+    recreate_database()
+    behind = paired(
+        args.repeat, lambda: behind_a_full_key(0, args.runs), lambda: behind_a_full_key(args.held, args.runs)
+    )
+    print()
+    print("| backlog behind a full key | nothing held back | held back | ratio | interval | >= 0.9? |")
+    print("|---|---:|---:|---:|---|---|")
+    print(row(f"{args.runs:,} NoOp3 runs, {args.held:,} steps held back", *behind, floor=0.9))
+    print(f"\nThe held-back counts behind them: {statistics.median(COUNT_SECONDS) * 1000:.1f} ms (median).")
+
+
+def other_tables(args: argparse.Namespace) -> None:
+    """The tables of limits' cost to the runs without limits, of a backlog of distinct keys, and of the rate."""
     from bench.trickle import trickle
 
     def trickled() -> float:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import F
+from django.db.models import Count, F
 
 from .. import sql
 from ..dsl.declared import registry
@@ -276,11 +276,19 @@ def describe(holds: list[dict[str, Any]]) -> str:
 def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
     """``{(class, step): attempts}`` due now and held back by a limit with no room (the gauge, the dashboard).
 
-    Read through the partial index of scheduled attempts under limits (``pgbus_wf_step_limited``):
-    its cost grows with those attempts only, never with the rest of the queue.
+    The parked ones (a claim found them held back) are counted from the parked index
+    (``pgbus_wf_step_parked``, which holds their step names and runs) and their runs' classes, the others read
+    through the partial index of unparked scheduled attempts under limits
+    (``pgbus_wf_step_limited``): the cost grows with the steps under limits only, never with
+    the rest of the queue, and a full key's parked backlog is never fetched step by step.
     """
     due = WorkflowStep.objects.filter(
-        status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=now, limiters__isnull=False, run__status="ready"
+        status=StepStatus.SCHEDULED,
+        held=False,
+        parked=False,
+        scheduled_at__lte=now,
+        limiters__isnull=False,
+        run__status="ready",
     ).values_list("run__workflow_class", "step_name", "limiters")
     found = list(due)
     names = {name for _klass, _step, limiters in found for name in limiters or ()}
@@ -289,4 +297,7 @@ def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
     for klass, step_name, limiters in found:
         if full.intersection(limiters or ()):
             counts[(klass, step_name)] += 1
+    parked = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, parked=True).order_by()
+    for klass, step_name, n in parked.values_list("run__workflow_class", "step_name").annotate(n=Count("pk")):
+        counts[(klass, step_name)] += n
     return dict(counts)

@@ -44,10 +44,15 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     the limit, twice (a priority's, the claim's); the catalog (jsonb, ``{class: [step
     names]}``); now, the claimant, now and the default stall threshold (the attempts); now
     (the runs); the event's columns, but for its run and step, with its details merged after
-    the attempt's number; the look-ahead's.
+    the attempt's number; how many due steps under limits to look at for parking; the look-ahead's.
     Returns one row (nothing due) or one per locked step: a flag to ignore, the look-ahead's
-    two values, the step's class and name, the claimed run's and attempt's columns (NULL
-    when the step was left unclaimed).
+    two values, how many steps it parked and put back, the step's class and name, the claimed
+    run's and attempt's columns (NULL when the step was left unclaimed).
+
+    Parking (``sql.limiting.park``): of the first due steps under limits, those held back by
+    a limiter with no room leave the due range (``parked``), so no claim walks a full key's
+    waiting steps; each claim puts back the parked steps of keys with room again
+    (``sql.limiting.unpark``), for the next claim to take.
     """
     steps, runs, events = table(conn, WorkflowStep), table(conn, WorkflowRun), table(conn, WorkflowEvent)
     ready, performing = RunStatus.READY, RunStatus.PERFORMING
@@ -63,6 +68,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     where = [
         f"s.{step_col('status')} = {literal(StepStatus.SCHEDULED)}",
         f"NOT s.{step_col('held')}",  # a paused run's: after the claimable ones, never read
+        "NOT s.parked",  # held back by a limit with no room: after them too, until put back
         f"s.{step_col('scheduled_at')} <= %s",
     ]
     if queues:
@@ -140,8 +146,10 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
         f"{priorities(conn, 'priorities', WorkflowStep)}, {priorities(conn, 'job_priorities', FanOutJob)}, "
         f"due AS ({due}), known AS ({known}), runnable AS ({runnable}), "
         f"taken AS ({limiting.take(conn, 'runnable', at)}), attempts AS ({attempts}), moved AS ({moved}), "
-        f"started AS ({started}), ahead AS ({ahead}) "
-        "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, due.class_name, due.step_name, "
+        f"started AS ({started}), {limiting.park(conn, at, 'due')}, {limiting.unpark(conn, at)}, "
+        f"ahead AS ({ahead}) "
+        "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, (SELECT count(*) FROM parked), "
+        "(SELECT count(*) FROM unparked), due.class_name, due.step_name, "
         f"{columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
         "FROM ahead LEFT JOIN due ON true "
         f"LEFT JOIN moved m ON m.{pk(conn, WorkflowRun)} = due.run_key "
@@ -262,7 +270,7 @@ def look_ahead(conn: Any, queues: bool) -> str:
     pending = literal(JobStatus.PENDING)
     first_later = (
         f"SELECT s.scheduled_at FROM {steps} s WHERE s.status = {literal(StepStatus.SCHEDULED)} "
-        f"AND s.priority = p.priority AND NOT s.held AND s.scheduled_at > %s{in_queues.format('s.')} "
+        f"AND s.priority = p.priority AND NOT s.held AND NOT s.parked AND s.scheduled_at > %s{in_queues.format('s.')} "
         f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) = {literal(RunStatus.READY)} "
         "ORDER BY s.scheduled_at LIMIT 1"
     )

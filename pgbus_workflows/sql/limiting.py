@@ -106,15 +106,20 @@ def park(conn: Any, at: str, exclude: str | None = None) -> str:
         f"SELECT l.name FROM {limiters} l WHERE l.name = ANY({names}) AND {room(conn, 'l', at)} < 1 "
         "ORDER BY l.name LIMIT 1 FOR SHARE OF l SKIP LOCKED"
     )
-    # Rows found by their keys (= ANY of an array), whatever the statistics say of the table.
-    held = (
+    # Rows found by their keys, one pass of the primary key for the whole array, whatever the
+    # statistics say of the table: a test no index can serve (IS TRUE) keeps the due index out,
+    # and each step's limiter is looked up in one jsonb object, not by a join (a batch of
+    # thousands compared each row with the whole array).
+    locked = (
         f"SELECT x.id, f.name FROM {steps} x CROSS JOIN LATERAL ({full}) f "
-        f"WHERE x.id = ANY(ARRAY({first})) AND NOT x.parked AND x.status = {literal(StepStatus.SCHEDULED)} "
+        f"WHERE x.id = ANY(ARRAY({first})) AND (x.status = {literal(StepStatus.SCHEDULED)} AND NOT x.parked) IS TRUE "
         "FOR UPDATE OF x SKIP LOCKED"
     )
+    held = f"SELECT jsonb_object_agg(h.id::text, h.name) AS names FROM ({locked}) h"
+    names = "(SELECT names FROM park_rows)"
     update = (
-        f"UPDATE {steps} s SET parked = true, parked_on = h.name FROM park_rows h "
-        "WHERE s.id = ANY(ARRAY(SELECT id FROM park_rows)) AND s.id = h.id RETURNING s.id"
+        f"UPDATE {steps} s SET parked = true, parked_on = {names} ->> s.id::text "
+        f"WHERE s.id = ANY(ARRAY(SELECT jsonb_object_keys({names})::bigint)) RETURNING s.id"
     )
     return f"park_rows AS ({held}), parked AS ({update})"
 

@@ -29,6 +29,12 @@ order from one repetition to the next), with the median's sign-test interval:
   The dispatcher starts first and its claims park the held-back steps (how long that takes
   is printed too); the runs are started then, and steps/s counted from their first claim.
 
+With ``--against PATH`` (a checkout of an earlier commit, e.g. ``git archive <commit> | tar
+-x -C PATH``), the last table is instead ``--runs`` ``NoOp3`` runs started before one
+dispatcher of four drains them, in a project that declares no limit, the dispatcher running
+PATH's code (the baseline) or this tree's: what a change to the claim costs the runs
+without limits.
+
 ``--quick`` shrinks every size (a smoke run, not figures to publish); ``--held-back-only``
 measures the last table alone.
 """
@@ -42,6 +48,7 @@ import time
 from collections.abc import Callable
 
 from bench.common import (
+    DISPATCHER_CHECKOUT,
     SETTLE_SECONDS,
     recreate_database,
     start_dispatchers,
@@ -203,9 +210,13 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--held-back-only", action="store_true")
+    parser.add_argument("--against", help="a checkout whose dispatchers are the baseline (runs without limits)")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.trickle_runs, args.repeat, args.rate_runs, args.held = 200, 100, 2, 120, 5000
+    if args.against:
+        against_checkout(args)
+        return
     if not args.held_back_only:
         other_tables(args)
     recreate_database()
@@ -218,6 +229,27 @@ def main() -> None:
     print(row(f"{args.runs:,} NoOp3 runs, {args.held:,} steps held back", *behind, floor=0.9))
     print(f"\nThe held-back counts behind them: {statistics.median(COUNT_SECONDS) * 1000:.1f} ms (median);")
     print(f"parking them once the dispatcher registered: {statistics.median(PARK_SECONDS):.1f} s (median).")
+
+
+def against_checkout(args: argparse.Namespace) -> None:
+    """Runs without limits drained by dispatchers of another checkout's code, then of this tree's, paired."""
+
+    def drained(checkout: str | None) -> Callable[[], float]:
+        def run() -> float:
+            if checkout:
+                os.environ[DISPATCHER_CHECKOUT] = checkout
+            try:
+                return backlog("noop3", args.runs)
+            finally:
+                os.environ.pop(DISPATCHER_CHECKOUT, None)
+
+        return with_project(False, run)
+
+    recreate_database()
+    pair = paired(args.repeat, drained(args.against), drained(None))
+    print(f"| {args.repeat} repetitions, paired | {args.against} | this tree | ratio | interval | no slower? |")
+    print("|---|---:|---:|---:|---|---|")
+    print(row(f"runs without limits, backlog of {args.runs:,} NoOp3 runs (steps/s)", *pair))
 
 
 def other_tables(args: argparse.Namespace) -> None:

@@ -277,10 +277,10 @@ def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
     """``{(class, step): attempts}`` due now and held back by a limit with no room (the gauge, the dashboard).
 
     The parked ones (a claim found them held back) are counted from the parked index
-    (``pgbus_wf_step_parked``, which holds their step names and runs) and their runs' classes, the others read
-    through the partial index of unparked scheduled attempts under limits
-    (``pgbus_wf_step_limited``): the cost grows with the steps under limits only, never with
-    the rest of the queue, and a full key's parked backlog is never fetched step by step.
+    (``pgbus_wf_step_parked``, which holds their step names and runs) and their runs'
+    classes; the others are read through the partial index of unparked scheduled attempts
+    under limits (``pgbus_wf_step_limited``): the cost grows with the steps under limits
+    only, never with the rest of the queue.
     """
     due = WorkflowStep.objects.filter(
         status=StepStatus.SCHEDULED,
@@ -297,7 +297,8 @@ def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
     for klass, step_name, limiters in found:
         if full.intersection(limiters or ()):
             counts[(klass, step_name)] += 1
-    parked = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, parked=True).order_by()
+    # parked_on > '' (every parked step's): the parked index's range, read alone but for the runs' classes.
+    parked = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, parked=True, parked_on__gt="").order_by()
     for klass, step_name, n in parked.values_list("run__workflow_class", "step_name").annotate(n=Count("pk")):
         counts[(klass, step_name)] += n
     return dict(counts)

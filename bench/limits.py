@@ -27,7 +27,9 @@ order from one repetition to the next), with the median's sign-test interval:
   (its body sleeps for the whole measurement), against the same with the slot held and
   nothing waiting behind it (issue #48: a claim of any class walked every held-back step).
   The dispatcher starts first and its claims park the held-back steps (how long that takes
-  is printed too); the runs are started then, and steps/s counted from their first claim.
+  is printed too); the tables are vacuumed in both (the parks' dead index entries gone, as
+  autovacuum does within a minute), the runs are started then, and steps/s counted from
+  their first claim.
 
 With ``--against PATH`` (a checkout of an earlier commit, e.g. ``git archive <commit> | tar
 -x -C PATH``), the last table is instead ``--runs`` ``NoOp3`` runs started before one
@@ -93,6 +95,7 @@ def backlog(class_name: str, runs: int, dispatchers: int = 1, concurrency: int =
 
 def behind_a_full_key(held: int, runs: int) -> float:
     """NoOp3 steps/s draining ``runs`` runs while ``held`` steps wait behind one full key (its slot held throughout)."""
+    from django.db import connection
     from django.db.models import Max, Min
 
     from pgbus_workflows.models import WorkflowRun, WorkflowStep
@@ -110,6 +113,8 @@ def behind_a_full_key(held: int, runs: int) -> float:
         wait_until(lambda: parked.count() >= held, 900, f"{held} held-back steps parked")
         if held:
             PARK_SECONDS.append(time.monotonic() - began)
+        with connection.cursor() as cursor:  # as autovacuum does within a minute of the parks' updates
+            cursor.execute(f"VACUUM ANALYZE {WorkflowStep._meta.db_table}, {WorkflowRun._meta.db_table}")
         time.sleep(SETTLE_SECONDS)
         NoOp3.start_many([{} for _ in range(runs)])
         finished = WorkflowRun.objects.filter(workflow_class=NoOp3.name, status="finished")

@@ -130,9 +130,14 @@ def start_dispatchers(
     count: int, concurrency: int, settings: dict[str, Any] | None = None
 ) -> list[subprocess.Popen[bytes]]:
     """Dispatcher processes on the bench database, without the sweep (``settings``: PGBUS_WORKFLOWS keys)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PGBUS_WORKFLOWS_JSON": json.dumps(settings or {})}
+    root = os.environ.get(DISPATCHER_CHECKOUT) or str(ROOT)  # another checkout's code (bench.limits --against)
+    env = {**os.environ, "PYTHONPATH": root, "PGBUS_WORKFLOWS_JSON": json.dumps(settings or {})}
     command = [sys.executable, "-m", "django", "run_workflow_dispatcher", "--no-sweep", "-v", "0"]
-    return [subprocess.Popen([*command, "--concurrency", str(concurrency)], cwd=ROOT, env=env) for _ in range(count)]
+    return [subprocess.Popen([*command, "--concurrency", str(concurrency)], cwd=root, env=env) for _ in range(count)]
+
+
+#: The environment variable naming another checkout whose code the dispatchers run (a baseline).
+DISPATCHER_CHECKOUT = "PGBUS_BENCH_DISPATCHER_CHECKOUT"
 
 
 def stop(processes: Sequence[subprocess.Popen[Any]]) -> None:

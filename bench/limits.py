@@ -22,7 +22,23 @@ order from one repetition to the next), with the median's sign-test interval:
   per second, drained by two dispatchers of four: after the burst of 50, the claims' rate
   (from their ``started_at``) against the budget.
 
-``--quick`` shrinks every size (a smoke run, not figures to publish).
+- **a backlog behind a full key**: ``--runs`` ``NoOp3`` runs drained by one dispatcher of four
+  while ``--held`` ``KeyedSleeper`` steps wait behind one key whose one slot a step holds
+  (its body sleeps for the whole measurement), against the same with the slot held and
+  nothing waiting behind it (issue #48: a claim of any class walked every held-back step).
+  The dispatcher starts first and its claims park the held-back steps (how long that takes
+  is printed too); the tables are vacuumed in both (the parks' dead index entries gone, as
+  autovacuum does within a minute), the runs are started then, and steps/s counted from
+  their first claim.
+
+With ``--against PATH`` (a checkout of an earlier commit, e.g. ``git archive <commit> | tar
+-x -C PATH``), the last table is instead ``--runs`` ``NoOp3`` runs started before one
+dispatcher of four drains them, in a project that declares no limit, the dispatcher running
+PATH's code (the baseline) or this tree's: what a change to the claim costs the runs
+without limits.
+
+``--quick`` shrinks every size (a smoke run, not figures to publish); ``--held-back-only``
+measures the last table alone.
 """
 
 from __future__ import annotations
@@ -34,6 +50,7 @@ import time
 from collections.abc import Callable
 
 from bench.common import (
+    DISPATCHER_CHECKOUT,
     SETTLE_SECONDS,
     recreate_database,
     start_dispatchers,
@@ -74,6 +91,60 @@ def backlog(class_name: str, runs: int, dispatchers: int = 1, concurrency: int =
     steps = WorkflowStep.objects.filter(run__workflow_class=class_name)
     span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return steps.count() / (span["last"] - span["first"]).total_seconds()
+
+
+def behind_a_full_key(held: int, runs: int) -> float:
+    """NoOp3 steps/s draining ``runs`` runs while ``held`` steps wait behind one full key (its slot held throughout)."""
+    from django.db import connection
+    from django.db.models import Max, Min
+
+    from pgbus_workflows.models import WorkflowRun, WorkflowStep
+    from tests.testapp.limited_workflows import KeyedSleeper
+    from tests.testapp.workflows import NoOp3
+
+    KeyedSleeper.start(account="hot", seconds=3600)  # takes the key's one slot, and keeps it
+    for first in range(0, held, 10_000):
+        KeyedSleeper.start_many([{"arguments": {"account": "hot"}} for _ in range(min(10_000, held - first))])
+    processes = start_dispatchers(1, 4)
+    try:
+        wait_registered(1)
+        began = time.monotonic()
+        parked = WorkflowStep.objects.filter(status="scheduled", parked=True)
+        wait_until(lambda: parked.count() >= held, 900, f"{held} held-back steps parked")
+        if held:
+            PARK_SECONDS.append(time.monotonic() - began)
+        with connection.cursor() as cursor:  # as autovacuum does within a minute of the parks' updates
+            cursor.execute(f"VACUUM ANALYZE {WorkflowStep._meta.db_table}, {WorkflowRun._meta.db_table}")
+        time.sleep(SETTLE_SECONDS)
+        NoOp3.start_many([{} for _ in range(runs)])
+        finished = WorkflowRun.objects.filter(workflow_class=NoOp3.name, status="finished")
+        wait_until(lambda: finished.count() >= runs, 900, f"{runs} NoOp3 runs behind {held} held-back steps")
+    finally:
+        stop(processes)
+    if held:
+        COUNT_SECONDS.append(seconds_to_count())
+    steps = WorkflowStep.objects.filter(run__workflow_class=NoOp3.name)
+    span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    return steps.count() / (span["last"] - span["first"]).total_seconds()
+
+
+#: How long the held-back counts took behind the held-back steps, one figure a measurement.
+COUNT_SECONDS: list[float] = []
+#: How long the dispatcher took to park the held-back steps once registered (a claim after its start).
+PARK_SECONDS: list[float] = []
+
+
+def seconds_to_count() -> float:
+    """The best of three readings of the held-back counts (the dashboard's and the metric's)."""
+    from pgbus_workflows.services.limiting import held_back_counts
+    from pgbus_workflows.sql import clock
+
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        held_back_counts(clock.now())
+        times.append(time.perf_counter() - began)
+    return min(times)
 
 
 def paired(repeat: int, baseline: Callable[[], float], other: Callable[[], float]) -> tuple[list[float], list[float]]:
@@ -141,10 +212,53 @@ def main() -> None:
     parser.add_argument("--trickle-runs", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--rate-runs", type=int, default=500)
+    parser.add_argument("--held", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--held-back-only", action="store_true")
+    parser.add_argument("--against", help="a checkout whose dispatchers are the baseline (runs without limits)")
     args = parser.parse_args()
     if args.quick:
-        args.runs, args.trickle_runs, args.repeat, args.rate_runs = 200, 100, 2, 120
+        args.runs, args.trickle_runs, args.repeat, args.rate_runs, args.held = 200, 100, 2, 120, 5000
+    if args.against:
+        against_checkout(args)
+        return
+    if not args.held_back_only:
+        other_tables(args)
+    recreate_database()
+    behind = paired(
+        args.repeat, lambda: behind_a_full_key(0, args.runs), lambda: behind_a_full_key(args.held, args.runs)
+    )
+    print()
+    print("| backlog behind a full key | nothing held back | held back | ratio | interval | >= 0.9? |")
+    print("|---|---:|---:|---:|---|---|")
+    print(row(f"{args.runs:,} NoOp3 runs, {args.held:,} steps held back", *behind, floor=0.9))
+    print(f"\nThe held-back counts behind them: {statistics.median(COUNT_SECONDS) * 1000:.1f} ms (median);")
+    print(f"parking them once the dispatcher registered: {statistics.median(PARK_SECONDS):.1f} s (median).")
+
+
+def against_checkout(args: argparse.Namespace) -> None:
+    """Runs without limits drained by dispatchers of another checkout's code, then of this tree's, paired."""
+
+    def drained(checkout: str | None) -> Callable[[], float]:
+        def run() -> float:
+            if checkout:
+                os.environ[DISPATCHER_CHECKOUT] = checkout
+            try:
+                return backlog("noop3", args.runs)
+            finally:
+                os.environ.pop(DISPATCHER_CHECKOUT, None)
+
+        return with_project(False, run)
+
+    recreate_database()
+    pair = paired(args.repeat, drained(args.against), drained(None))
+    print(f"| {args.repeat} repetitions, paired | {args.against} | this tree | ratio | interval | no slower? |")
+    print("|---|---:|---:|---:|---|---|")
+    print(row(f"runs without limits, backlog of {args.runs:,} NoOp3 runs (steps/s)", *pair))
+
+
+def other_tables(args: argparse.Namespace) -> None:
+    """The tables of limits' cost to the runs without limits, of a backlog of distinct keys, and of the rate."""
     from bench.trickle import trickle
 
     def trickled() -> float:

@@ -21,9 +21,11 @@ from .dsl.declared import registry
 from .dsl.jobs import resolve_job
 from .dsl.limits import declared_limits
 from .exceptions import ConfigurationError
-from .models import Dispatcher, FanOutJob, JobStatus
+from .models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from .services.children import CHILD_PREFIX
+from .services.limiting import undeclared_names
 from .sql import clock
+from .states import StepStatus
 
 #: When a check runs: with every ``manage.py check`` (runserver and migrate run it too), or
 #: with ``check --database default`` only, as it reads rows.
@@ -82,6 +84,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "pgbus_workflows.W013": (
         EVERY_CHECK,
         "A fixed ``Concurrency`` or ``RateLimit`` key declared twice with different limits.",
+    ),
+    "pgbus_workflows.W014": (
+        DATABASE_CHECK,
+        "Steps scheduled under a ``Concurrency`` or ``RateLimit`` no code declares any more (claimed within its row).",
     ),
     "pgbus_workflows.I001": (DATABASE_CHECK, "Ongoing runs parked on ``removed_step()`` steps: keep them until 0."),
 }
@@ -330,6 +336,45 @@ def check_shared_limit_keys(app_configs: Any = None, **kwargs: Any) -> list[Chec
             )
         )
     return messages
+
+
+@register(Tags.database)
+def check_undeclared_limits(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Steps waiting under limiters that this code declares no more (``check --database default``).
+
+    The claim takes them within the limiter rows' limits (the rows decide, not the code), so
+    they run; the warning says that limits the code no longer shows still apply to them.
+    Read through the partial index of scheduled attempts under limits (``pgbus_wf_step_limited``).
+    """
+    if not databases or "default" not in databases:
+        return []
+    try:
+        if WorkflowStep._meta.db_table not in connections["default"].introspection.table_names():
+            return []
+        waiting = (
+            WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, held=False, limiters__isnull=False)
+            .values_list("run__workflow_class", "step_name", "limiters")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+        groups = list(waiting)
+    except DatabaseError:
+        return []  # check_rows_against_code (deploy_checks) says the database cannot be read, and why
+    found: dict[tuple[str, str], tuple[int, set[str]]] = {}
+    for klass, step_name, names, count in groups:
+        if stray := undeclared_names(names or (), klass, step_name):
+            total, seen = found.get((klass, step_name), (0, set()))
+            found[(klass, step_name)] = (total + count, seen | set(stray))
+    return [
+        CheckWarning(
+            f"{count} scheduled step(s) of {klass}.{step_name} wait on limiters no code declares any more: "
+            f"{', '.join(sorted(names)[:5])}{' ...' if len(names) > 5 else ''}.",
+            hint="Dispatchers claim them within those limiter rows' limits (the admin's list of limiters), "
+            "until they have run; steps scheduled from now on are under what the code declares.",
+            id="pgbus_workflows.W014",
+        )
+        for (klass, step_name), (count, names) in sorted(found.items())
+    ]
 
 
 def _terms(kind: str, terms: tuple[int, Any]) -> str:

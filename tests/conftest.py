@@ -9,11 +9,13 @@ process fails, naming the marker it lacks.
 """
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pgbus_workflows import sql
+from pgbus_workflows.dsl.declared import registry
 from tests.procs import DispatcherProcess
 from tests.testapp.models import Order
 
@@ -38,11 +40,19 @@ def order(db):
     return Order.objects.create()
 
 
-@pytest.fixture(params=["plain", "limited"])
-def claim_variant(request, monkeypatch):
-    """The claim of a project that declares no limits, and of one that does (the test app declares some)."""
-    monkeypatch.setattr("pgbus_workflows.services.claims.limits_declared", lambda: request.param == "limited")
-    return request.param
+@pytest.fixture
+def remove_limits(monkeypatch):
+    """Take every ``Concurrency`` and ``RateLimit`` out of the project's code, as a deploy that removes the last one."""
+
+    def remove() -> None:
+        for cls in registry.classes():
+            monkeypatch.setattr(cls, "concurrency", None, raising=False)
+            monkeypatch.setattr(cls, "rate_limit", None, raising=False)
+            bare = tuple(replace(d, concurrency=None, rate_limit=None) for d in cls._step_definitions)
+            monkeypatch.setattr(cls, "_step_definitions", bare)
+        monkeypatch.setattr(registry, "version", registry.version + 1)
+
+    return remove
 
 
 @pytest.fixture

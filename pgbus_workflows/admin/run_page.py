@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.children import CHILD_PREFIX
-from ..services.limiting import describe, held_back
+from ..services.limiting import describe, held_back, undeclared
 from ..sql import clock
 from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
 from .display import change_url, changelist_url, format_duration, pretty_json, status_badge
@@ -74,6 +74,8 @@ def run_page_context(modeladmin: OperatedAdmin, request: HttpRequest, run: Workf
     context: dict[str, Any] = {"operation_buttons": buttons, "timeline": None, "events": None, "signals": None}
     holds = held_back(active, now) if active is not None else []
     context["held_back"] = {"step": active.step_name, "text": describe(holds)} if active and holds else None
+    if active is not None and (stray := undeclared(active, run.workflow_class)):
+        context["undeclared_limits"] = {"step": active.step_name, "names": ", ".join(stray)}
     if STEPS in shown:
         pager = page_of(request, STEPS, counts[STEPS])
         page = run.steps.order_by("-pk")[pager["offset"] : pager["offset"] + PAGE_ROWS]

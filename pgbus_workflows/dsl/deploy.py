@@ -15,7 +15,6 @@ import json
 from ..exceptions import ConfigurationError
 from .declared import DeclaredWorkflow, registry
 from .jobs import resolve_job
-from .limits import declared_limits
 
 _known_steps: dict[type, frozenset[str]] = {}
 _importable: dict[str, bool] = {}
@@ -61,20 +60,3 @@ def catalog_json() -> str:
 
 
 _catalog_json: tuple[int, str] | None = None
-
-
-def limits_declared() -> bool:
-    """Whether a registered class declares ``Concurrency`` or ``RateLimit`` (its claims must honour them).
-
-    A process whose code declares none never claims a step under limits (``sql`` ``claim_steps``).
-    """
-    global _limits_declared
-    if _limits_declared is None or _limits_declared[0] != registry.version:
-        declared = any(
-            declared_limits(cls, definition) for cls in registry.classes() for definition in cls.step_definitions()
-        )
-        _limits_declared = (registry.version, declared)
-    return _limits_declared[1]
-
-
-_limits_declared: tuple[int, bool] | None = None

@@ -32,7 +32,7 @@ from ..admin.runs import WorkflowRunAdmin
 from ..exceptions import WorkflowError
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.ledger import MAX_ACTOR_LENGTH
-from ..services.limiting import held_back
+from ..services.limiting import held_back, undeclared
 from ..sql import clock
 from .runs import (
     RunNotFound,
@@ -192,6 +192,7 @@ def show_page(operator: Operator, run: WorkflowRun, attempts: int, events: int, 
         "run": run_details(run),
         "allowed_verbs": [op.verb for op in OPERATIONS.values() if op.verb in allowed and operator.may(op, run)],
         "held_back": {"step": active.step_name, "limits": holds} if active is not None and holds else None,
+        "undeclared_limits": undeclared(active, run.workflow_class),
         "attempts": None,
         "older_attempts_omitted": False,
         "events": None,

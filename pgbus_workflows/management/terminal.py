@@ -156,6 +156,9 @@ def run_page(page: dict[str, Any], full: bool = False) -> list[str]:
     if page.get("held_back"):
         held = page["held_back"]
         lines.append(f"  {'held back'.ljust(width)}  step {held['step']} by {describe(held['limits'])}")
+    if page.get("undeclared_limits"):
+        names = ", ".join(page["undeclared_limits"])
+        lines.append(f"  {'limits'.ljust(width)}  {names}: no code declares them any more (claimed within their rows)")
     sections = [
         ("Attempts", "attempts", "older_attempts_omitted", ATTEMPT_COLUMNS, "--attempts"),
         ("Events", "events", "older_events_omitted", EVENT_COLUMNS, "--events"),

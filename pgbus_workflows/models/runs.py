@@ -251,6 +251,12 @@ class WorkflowStep(models.Model):
     #: body returns or the sweep finds it stalled (``services.slots``). In progress, an attempt
     #: holds them by its status alone.
     holds_slots = models.BooleanField(_("holds its slots"), default=False, db_default=False)
+    #: A scheduled attempt that a claim found held back by a limiter with no room: out of the
+    #: claims' range (the due index orders it after its priority's claimable attempts) until a
+    #: claim finds room in ``parked_on`` (the limiter's name) and puts it back, in priority and
+    #: due order (``sql.limiting``). The database's own default keeps older code's inserts working.
+    parked = models.BooleanField(_("parked by a limit"), default=False, db_default=False)
+    parked_on = models.CharField(_("parked on"), max_length=300, blank=True, default="", db_default="")
     #: Set on a fan-out attempt: how many jobs it opened.
     fan_out_total = models.PositiveIntegerField(_("fan-out jobs"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
@@ -272,11 +278,19 @@ class WorkflowStep(models.Model):
         ]
         indexes = [
             # Serves the claim query only: finished history never enters it, and a paused run's
-            # attempt sits after its priority's claimable ones (``held``), out of every claim's range.
+            # attempt (``held``) or one parked by a limit with no room (``parked``) sits after its
+            # priority's claimable ones, out of every claim's range.
             models.Index(
-                fields=["priority", "held", "scheduled_at", "id"],
+                fields=["priority", "held", "parked", "scheduled_at", "id"],
                 condition=Q(status=StepStatus.SCHEDULED),
                 name="pgbus_wf_step_due",
+            ),
+            # The parked attempts, a key's in the order they are put back (and counted, the index alone read).
+            models.Index(
+                fields=["parked_on", "priority", "scheduled_at", "id"],
+                include=["step_name", "run"],
+                condition=Q(status=StepStatus.SCHEDULED, parked=True),
+                name="pgbus_wf_step_parked",
             ),
             models.Index(
                 fields=["stall_at"], condition=Q(status=StepStatus.IN_PROGRESS), name="pgbus_wf_step_in_progress"
@@ -289,11 +303,12 @@ class WorkflowStep(models.Model):
                 fields=["id"], condition=Q(status__in=sorted(UNSUCCESSFUL_STEP)), name="pgbus_wf_step_unsuccessful"
             ),
             models.Index(fields=["signal"], condition=Q(signal__isnull=False), name="pgbus_wf_step_signal"),
-            # What holds steps back (the gauge, the dashboard): only claimable attempts under limits.
+            # What holds steps back (the gauge, the dashboard), and the claims' parking: only claimable
+            # attempts under limits, none parked.
             # (Not held: a test of ``held`` no other query of limiters makes keeps it theirs.)
             models.Index(
                 fields=["scheduled_at"],
-                condition=Q(status=StepStatus.SCHEDULED, limiters__isnull=False, held=False),
+                condition=Q(status=StepStatus.SCHEDULED, limiters__isnull=False, held=False, parked=False),
                 name="pgbus_wf_step_limited",
             ),
             # The cancelled attempts that still hold slots (the sweep gives back a stalled one's).

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from .. import signals, sql
 from ..conf import settings
-from ..dsl.deploy import can_run_step, catalog_json, limits_declared
+from ..dsl.deploy import can_run_step, catalog_json
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..states import JobStatus, RunStatus, StepStatus
@@ -84,17 +84,47 @@ def _claim_due(
         # Names seen before and still unknown are left out in SQL: the normal case (every
         # dispatcher on the same code) sends the same statement as before, no filter.
         unknown = sorted(key for key in tuple(_unrunnable) if not can_run_step(*key))  # tuple(): copied at once
-        more, passed_over, ahead, past_room = _claim_pass(
+        more, passed_over, ahead, past_room, moved = _claim_pass(
             limit - len(claimed), queue_list, now, now - due_for, unknown, claimed_by, own_transaction
         )
         claimed += more
         _unrunnable.update(passed_over)
+        if moved.parked >= moved.looked_at:  # more may wait at the front: parked in batches, once
+            _park_held_back(now)
         # Steps of a key past its room took places in the claim: the next pass, the key now
         # full, walks past its steps to other keys' (a held-back key never delays another's).
-        if not (passed_over or past_room) or len(claimed) >= limit:
+        # Steps put back are taken by the next pass (its statement sees them).
+        if not (passed_over or past_room or moved.put_back or moved.parked) or len(claimed) >= limit:
             break
     _announce_claims(claimed)
     return claimed, ahead
+
+
+@dataclass(frozen=True)
+class Parking:
+    """What one claim statement did to held-back steps (``sql.limiting.park`` and ``unpark``)."""
+
+    #: Steps held back by a limiter with no room, taken out of the claims' range.
+    parked: int
+    #: Parked steps of keys with room again, put back for the next claim.
+    put_back: int
+    #: How many of the first due steps under limits the claim looked at for parking.
+    looked_at: int
+
+
+#: Due steps under limits a parking statement reads at most (a full key's backlog is parked in such batches).
+PARK_BATCH = 5000
+#: Parking statements one claim runs at most (the rest is parked by the claims that follow).
+_MAX_PARK_BATCHES = 20
+
+
+def _park_held_back(now: datetime) -> None:
+    """Park the held-back steps at the front of the due steps under limits, a batch at a time, until fewer wait."""
+    for _ in range(_MAX_PARK_BATCHES):
+        with sql.bound_cursor() as cursor:
+            cursor.execute(sql.statement("park_held_back"), [now, PARK_BATCH])
+            if cursor.fetchone()[0] < PARK_BATCH:
+                return
 
 
 def _claim_orm(
@@ -141,18 +171,18 @@ def _claim_pass(
     unknown: list[tuple[str, str]],
     claimed_by: str,
     own_transaction: bool,
-) -> tuple[list[WorkflowStep], set[tuple[str, str]], LookAhead, bool]:
+) -> tuple[list[WorkflowStep], set[tuple[str, str]], LookAhead, bool, Parking]:
     """One claim statement (``sql`` ``claim_steps``): the steps claimed, the pairs passed over, the look-ahead.
 
-    And whether steps were left because their key had no more room in this claim.
+    And whether steps were left because their key had no more room in this claim, and the
+    steps it parked and put back (:class:`Parking`).
 
     ``own_transaction``: the statement is its own transaction (autocommit), whose commit
     need not wait for the disk (the outcome's commit does). Steps due by ``due_by`` are
     claimed; ``unknown`` pairs are left out of them, and a due step of a pair this process's
     code cannot run is passed over.
     """
-    limited = limits_declared()
-    params: list[Any] = [now] if limited else []  # the limiters' clock
+    params: list[Any] = [now]  # the limiters' clock
     params += [value for pair in unknown for value in pair]  # the run's lateral subquery comes first
     params += [due_by, *([] if queues is None else [queues])]
     params += [limit, limit]  # a priority's, the claim's
@@ -160,8 +190,9 @@ def _claim_pass(
     event = _started_event(now, claimed_by)
     db = transaction.get_connection()
     params += [rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)]
+    params.append(limit)  # the due steps under limits looked at for parking
     params += [now, *([] if queues is None else [queues])] * 3  # the look-ahead: steps, jobs later, jobs now
-    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction, limited)
+    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction)
     if own_transaction:
         found = sql.fetch_in_index_order(text, params)
     else:  # the setting would last until the caller's commit
@@ -169,22 +200,23 @@ def _claim_pass(
             cursor.execute(text, params)
             found = cursor.fetchall()
     ahead = LookAhead(found[0][1], jobs_due=bool(found[0][2]))
-    split = 5 + len(WorkflowRun._meta.concrete_fields)
+    moved = Parking(parked=found[0][3], put_back=found[0][4], looked_at=limit)
+    split = 7 + len(WorkflowRun._meta.concrete_fields)
     claimed, passed_over, past_room = [], set(), False
     for row in found:
-        if row[3] is None:
-            continue  # nothing was due: the look-ahead's row alone
         if row[5] is None:
-            if limited and can_run_step(row[3], row[4]):
+            continue  # nothing was due: the look-ahead's row alone
+        if row[7] is None:
+            if can_run_step(row[5], row[6]):
                 past_room = True  # past its key's room in this claim: left for the next
             else:
-                passed_over.add((row[3], row[4]))
+                passed_over.add((row[5], row[6]))
             continue
         step = rows.from_row(WorkflowStep, row[split:])
-        step.run = rows.from_row(WorkflowRun, row[5:split])
+        step.run = rows.from_row(WorkflowRun, row[7:split])
         claimed.append(step)
     claimed.sort(key=lambda step: (step.priority, step.scheduled_at, step.pk))
-    return claimed, passed_over, ahead, past_room
+    return claimed, passed_over, ahead, past_room, moved
 
 
 #: The event columns the claim statement fills in from the attempt it claimed.

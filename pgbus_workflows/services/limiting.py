@@ -15,10 +15,11 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import F
+from django.db.models import Count, F
 
 from .. import sql
-from ..dsl.limits import CONCURRENCY, BoundLimit, declared_limits, limit_label, step_limits
+from ..dsl.declared import registry
+from ..dsl.limits import CONCURRENCY, RATE, BoundLimit, Concurrency, declared_limits, limit_label, step_limits
 from ..models import WorkflowLimiter, WorkflowRun, WorkflowStep
 from ..sql import rows
 from ..sql.bulk import WriteBatch
@@ -129,13 +130,14 @@ def take(step: WorkflowStep, now: datetime) -> bool:
     """Take the slots and spend the tokens of a step being claimed through the ledger; False when one has no room.
 
     The limiter rows are locked in name order (the claims and outcomes of other steps lock
-    them so too); with no room, nothing is written.
+    them so too); with no room, nothing is written. A name whose row is gone limits nothing,
+    as in the claim's statement (``sql.limiting.may_claim``).
     """
     if not step.limiters:
         return True
     names = sorted(set(step.limiters))
     limiters = list(WorkflowLimiter.objects.select_for_update().filter(name__in=names).order_by("name"))
-    if len(limiters) != len(names) or any(room(limiter, now) < 1 for limiter in limiters):
+    if any(room(limiter, now) < 1 for limiter in limiters):
         return False
     for limiter in limiters:
         if limiter.per is None:
@@ -237,6 +239,28 @@ def held_back(step: WorkflowStep, now: datetime) -> list[dict[str, Any]]:
     return found
 
 
+def undeclared(step: WorkflowStep | None, workflow_class: str) -> list[str]:
+    """The limiters an active attempt is under that its class's code declares no more (a deploy removed them).
+
+    The claim takes such an attempt within those rows' limits all the same (the rows decide);
+    the run page, ``workflows show`` and ``check --database default`` (W014) say so.
+    """
+    if step is None or not step.limiters or step.status not in (StepStatus.SCHEDULED, StepStatus.IN_PROGRESS):
+        return []
+    return undeclared_names(step.limiters, workflow_class, step.step_name)
+
+
+def undeclared_names(names: Iterable[str], workflow_class: str, step_name: str) -> list[str]:
+    """Those of ``names`` this code's step does not declare: no fixed key of that name, no callable key of its kind."""
+    cls = registry.get(workflow_class)
+    definition = cls.step_definition(step_name) if cls is not None else None
+    declared = set()
+    for limit in declared_limits(cls, definition) if definition is not None else ():
+        kind = CONCURRENCY if isinstance(limit, Concurrency) else RATE
+        declared.add(kind if callable(limit.key) else f"{kind}:{limit.key}")  # a kind has no ":", a name has
+    return [name for name in names if name not in declared and limit_label(name)[0] not in declared]
+
+
 def describe(holds: list[dict[str, Any]]) -> str:
     """One line for an operator: ``concurrency account:42 (1 of 1 in use); rate stripe (100 per 0:00:01)``."""
     parts = []
@@ -252,11 +276,19 @@ def describe(holds: list[dict[str, Any]]) -> str:
 def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
     """``{(class, step): attempts}`` due now and held back by a limit with no room (the gauge, the dashboard).
 
-    Read through the partial index of scheduled attempts under limits (``pgbus_wf_step_limited``):
-    its cost grows with those attempts only, never with the rest of the queue.
+    The parked ones (a claim found them held back) are counted from the parked index
+    (``pgbus_wf_step_parked``, which holds their step names and runs) and their runs'
+    classes; the others are read through the partial index of unparked scheduled attempts
+    under limits (``pgbus_wf_step_limited``): the cost grows with the steps under limits
+    only, never with the rest of the queue.
     """
     due = WorkflowStep.objects.filter(
-        status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=now, limiters__isnull=False, run__status="ready"
+        status=StepStatus.SCHEDULED,
+        held=False,
+        parked=False,
+        scheduled_at__lte=now,
+        limiters__isnull=False,
+        run__status="ready",
     ).values_list("run__workflow_class", "step_name", "limiters")
     found = list(due)
     names = {name for _klass, _step, limiters in found for name in limiters or ()}
@@ -265,4 +297,8 @@ def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
     for klass, step_name, limiters in found:
         if full.intersection(limiters or ()):
             counts[(klass, step_name)] += 1
+    # parked_on > '' (every parked step's): the parked index's range, read alone but for the runs' classes.
+    parked = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, parked=True, parked_on__gt="").order_by()
+    for klass, step_name, n in parked.values_list("run__workflow_class", "step_name").annotate(n=Count("pk")):
+        counts[(klass, step_name)] += n
     return dict(counts)

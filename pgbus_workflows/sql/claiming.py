@@ -15,7 +15,7 @@ from .statements import INDEX_PLANS, builds, column, columns, literal, pk, quote
 
 
 @builds("claim_steps")
-def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limited: bool = False) -> str:
+def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> str:
     """Claim due attempts of ready runs in one statement (PostgreSQL): locked, moved, recorded, looked past.
 
     The due steps are read priority by priority, lowest first (:func:`priorities`), each
@@ -35,19 +35,24 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limi
     server crash leaves its step scheduled, and it runs again, as a claim kept by the crash
     would (the attempt stalls, then reattempts). Never inside a caller's transaction.
 
-    ``limited`` (this process's code declares ``Concurrency`` or ``RateLimit``): a step under
-    limits is claimed only while its limiter rows have room, taken in the same statement
-    (``sql.limiting``); without it, such a step is never claimed (this code would not honour
-    its limits). A step of a class without limits is claimed alike in both.
+    A step under limits (``limiters`` not NULL) is claimed only while its limiter rows have
+    room, taken in the same statement (``sql.limiting``): the rows decide, not this process's
+    code, so a step stays claimable within its rows' limits after a deploy removes the
+    declaration it was scheduled under. A step of a class without limits reads no limiter row.
 
-    Placeholders, in order: (``limited``) now; the ``unknown`` pairs; now; (``queues``) an array of queue names;
+    Placeholders, in order: now (the limiters' clock); the ``unknown`` pairs; now; (``queues``) an array of queue names;
     the limit, twice (a priority's, the claim's); the catalog (jsonb, ``{class: [step
     names]}``); now, the claimant, now and the default stall threshold (the attempts); now
     (the runs); the event's columns, but for its run and step, with its details merged after
-    the attempt's number; the look-ahead's.
+    the attempt's number; how many due steps under limits to look at for parking; the look-ahead's.
     Returns one row (nothing due) or one per locked step: a flag to ignore, the look-ahead's
-    two values, the step's class and name, the claimed run's and attempt's columns (NULL
-    when the step was left unclaimed).
+    two values, how many steps it parked and put back, the step's class and name, the claimed
+    run's and attempt's columns (NULL when the step was left unclaimed).
+
+    Parking (``sql.limiting.park``): of the first due steps under limits, those held back by
+    a limiter with no room leave the due range (``parked``), so no claim walks a full key's
+    waiting steps; each claim puts back the parked steps of keys with room again
+    (``sql.limiting.unpark``), for the next claim to take.
     """
     steps, runs, events = table(conn, WorkflowStep), table(conn, WorkflowRun), table(conn, WorkflowEvent)
     ready, performing = RunStatus.READY, RunStatus.PERFORMING
@@ -63,12 +68,11 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limi
     where = [
         f"s.{step_col('status')} = {literal(StepStatus.SCHEDULED)}",
         f"NOT s.{step_col('held')}",  # a paused run's: after the claimable ones, never read
+        "NOT s.parked",  # held back by a limit with no room: after them too, until put back
         f"s.{step_col('scheduled_at')} <= %s",
     ]
     if queues:
         where.append(f"s.{step_col('queue')} = ANY(%s)")
-    if not limited:
-        where.append("s.limiters IS NULL")
     of_run = [
         f"r.{pk(conn, WorkflowRun)} = s.{step_col('run')}",
         f"(r.{run_col('status')} = {literal(ready)}) IS TRUE",
@@ -81,8 +85,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limi
     # serve (IS TRUE) leaves the primary key the one usable index. With the tables' statistics
     # from when they were nearly empty (vacuumed then, not analysed since), every index looks
     # as cheap, and a plain join scanned all the runs for each due step.
-    if limited:  # the run is locked only when the limiters have room: a held-back step's never is
-        of_run.append(limiting.may_claim("lim"))
+    # The run is locked only when the limiters have room: a held-back step's never is.
+    of_run.append(limiting.may_claim(conn, "lim"))
     run = (
         f"SELECT r.{pk(conn, WorkflowRun)}, r.{run_col('workflow_class')} FROM {runs} r "
         f"WHERE {' AND '.join(of_run)} FOR UPDATE OF r SKIP LOCKED"
@@ -94,10 +98,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limi
     at = "(SELECT at FROM limit_clock)"
     limits = (
         f", s.limiters, s.{step_col('priority')} AS priority, s.{step_col('scheduled_at')} AS scheduled_at, lim.room"
-        if limited
-        else ""
     )
-    lateral = f"CROSS JOIN LATERAL ({limiting.limiter_lateral(conn, at)}) lim " if limited else ""
+    lateral = f"CROSS JOIN LATERAL ({limiting.limiter_lateral(conn, at)}) lim "
     of_priority = (
         f"SELECT s.{pk(conn, WorkflowStep)} AS step_key, r.{pk(conn, WorkflowRun)} AS run_key, "
         f"r.{run_col('workflow_class')} AS class_name, s.{step_col('step_name')} AS step_name{limits} "
@@ -107,9 +109,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limi
         "LIMIT %s FOR UPDATE OF s SKIP LOCKED"
     )
     due = f"SELECT d.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) d LIMIT %s"
-    runnable = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
-    if limited:  # of the steps of one key, those past its room are left for a later claim
-        runnable = f"SELECT * FROM known WHERE step_key NOT IN ({limiting.over_room('known')})"
+    # Of the steps of one key, those past its room are left for a later claim.
+    runnable = f"SELECT * FROM known WHERE step_key NOT IN ({limiting.over_room('known')})"
     timeout = step_col("timeout")
     attempts = (
         f"UPDATE {steps} s SET {step_col('status')} = {literal(claimed)}, {step_col('started_at')} = %s, "
@@ -138,18 +139,17 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, limi
     started = f"INSERT INTO {events} ({names}) SELECT {', '.join(values)} FROM attempts a"
     # A volatile call keeps the CTE apart (evaluated once); it is selected so it is evaluated at all.
     flag = "set_config('synchronous_commit', 'off', true)" if without_flush else "NULL::text"
-    ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues, limited)}) l(next_due_at, jobs_due)"
-    head = "limit_clock AS (SELECT %s::timestamptz AS at), " if limited else ""
-    if limited:
-        known = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
-        runnable = f"{known}), runnable AS ({runnable}), taken AS ({limiting.take(conn, 'runnable', at)}"
-    cte = "known" if limited else "runnable"
+    ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues)}) l(next_due_at, jobs_due)"
+    known = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
     return (
-        f"WITH RECURSIVE {head}{priorities(conn, 'priorities', WorkflowStep)}, "
-        f"{priorities(conn, 'job_priorities', FanOutJob)}, "
-        f"due AS ({due}), {cte} AS ({runnable}), attempts AS ({attempts}), moved AS ({moved}), "
-        f"started AS ({started}), ahead AS ({ahead}) "
-        "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, due.class_name, due.step_name, "
+        "WITH RECURSIVE limit_clock AS (SELECT %s::timestamptz AS at), "
+        f"{priorities(conn, 'priorities', WorkflowStep)}, {priorities(conn, 'job_priorities', FanOutJob)}, "
+        f"due AS ({due}), known AS ({known}), runnable AS ({runnable}), "
+        f"taken AS ({limiting.take(conn, 'runnable', at)}), attempts AS ({attempts}), moved AS ({moved}), "
+        f"started AS ({started}), {limiting.park(conn, at, 'due')}, {limiting.unpark(conn, at)}, "
+        f"ahead AS ({ahead}) "
+        "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, (SELECT count(*) FROM parked), "
+        "(SELECT count(*) FROM unparked), due.class_name, due.step_name, "
         f"{columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
         "FROM ahead LEFT JOIN due ON true "
         f"LEFT JOIN moved m ON m.{pk(conn, WorkflowRun)} = due.run_key "
@@ -253,7 +253,7 @@ def priorities(conn: Any, name: str, model: type[WorkflowStep] | type[FanOutJob]
     )
 
 
-def look_ahead(conn: Any, queues: bool, limited: bool = False) -> str:
+def look_ahead(conn: Any, queues: bool) -> str:
     """When the loop must next look (PostgreSQL): the earliest future step or job, and whether a job is due now.
 
     Part of the claim's statement, so it costs no round trip of its own. It reads the CTEs
@@ -270,7 +270,7 @@ def look_ahead(conn: Any, queues: bool, limited: bool = False) -> str:
     pending = literal(JobStatus.PENDING)
     first_later = (
         f"SELECT s.scheduled_at FROM {steps} s WHERE s.status = {literal(StepStatus.SCHEDULED)} "
-        f"AND s.priority = p.priority AND NOT s.held AND s.scheduled_at > %s{in_queues.format('s.')} "
+        f"AND s.priority = p.priority AND NOT s.held AND NOT s.parked AND s.scheduled_at > %s{in_queues.format('s.')} "
         f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) = {literal(RunStatus.READY)} "
         "ORDER BY s.scheduled_at LIMIT 1"
     )
@@ -282,7 +282,7 @@ def look_ahead(conn: Any, queues: bool, limited: bool = False) -> str:
         f"SELECT 1 FROM {jobs} WHERE status = {pending} AND priority = p.priority "
         f"AND scheduled_at <= %s{in_queues.format('')} LIMIT 1"
     )
-    refill = f", {limiting.next_token(conn, '(SELECT at FROM limit_clock)', 'taken')}" if limited else ""
+    refill = f", {limiting.next_token(conn, '(SELECT at FROM limit_clock)', 'taken')}"
     return (
         "SELECT LEAST("
         f"(SELECT MIN(l.scheduled_at) FROM priorities p CROSS JOIN LATERAL ({first_later}) l), "

@@ -1,7 +1,7 @@
 """The statements of ``Concurrency`` and ``RateLimit``: the limiter rows, and what the claim adds to take them.
 
 A step under limits stores the names of its limiter rows (``WorkflowStep.limiters``, jsonb).
-The claim (``claiming.claim_steps`` with ``limited``) locks a due step's limiter rows that
+The claim (``claiming.claim_steps``) locks a due step's limiter rows that
 have room, ``FOR UPDATE SKIP LOCKED``, before it locks the step's run: a row changed since
 the claim's snapshot is re-read at its latest version, so the room it sees is the room
 committed by every other claim and outcome. Steps of one key in one claim are ranked, and
@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..dsl.limits import CONCURRENCY
-from ..models import WorkflowLimiter
+from ..models import WorkflowLimiter, WorkflowStep
+from ..states import StepStatus
 from .statements import builds, column, literal, table
 
 
@@ -57,9 +58,108 @@ def limiter_lateral(conn: Any, at: str) -> str:
     return f"SELECT count(*) AS n, jsonb_object_agg(g.name, g.room) AS room FROM ({locked}) g"
 
 
-def may_claim(lateral: str) -> str:
-    """The test that a step's limiter rows all have room (true for a step with no limiters)."""
-    return f"(s.limiters IS NULL OR {lateral}.n = jsonb_array_length(s.limiters))"
+def may_claim(conn: Any, lateral: str) -> str:
+    """The test that each of a step's limiter rows has room, and no parked step of its keys comes before it.
+
+    True for a step with no limiters. Rows the lateral left out (no room, or locked by another
+    claim) are those that exist with no room to give it: a name whose row is gone (deleted by
+    an operator) limits nothing, so a step under it is never stranded. Counted only when the
+    lateral left one out (``OR`` stops at the first true). A step of a key whose earlier steps
+    are parked waits for them (:func:`unpark` puts them back first, in priority and due order).
+    """
+    names = "ARRAY(SELECT jsonb_array_elements_text(s.limiters))"
+    existing = f"(SELECT count(*) FROM {table(conn, WorkflowLimiter)} e WHERE e.name = ANY({names}))"
+    whole = f"{lateral}.n = jsonb_array_length(s.limiters)"
+    earlier = (
+        f"SELECT 1 FROM {table(conn, WorkflowStep)} p WHERE {_parked('p')} AND p.parked_on = ANY({names}) "
+        "AND (p.priority, p.scheduled_at, p.id) < (s.priority, s.scheduled_at, s.id)"
+    )
+    return f"(s.limiters IS NULL OR (({whole} OR {lateral}.n = {existing}) AND NOT EXISTS ({earlier})))"
+
+
+def _parked(alias: str) -> str:
+    """The predicate of the parked index (``pgbus_wf_step_parked``) on the steps ``alias``."""
+    return f"{alias}.status = {literal(StepStatus.SCHEDULED)} AND {alias}.parked"
+
+
+def park(conn: Any, at: str, exclude: str | None = None) -> str:
+    """CTEs ``park_rows`` and ``parked``: the held-back steps among the first due steps under limits, parked.
+
+    Placeholder: how many of them to read.
+
+    Read in due order through the partial index of unparked scheduled steps under limits
+    (``pgbus_wf_step_limited``), at most that many: a claim's cost stays bounded whatever
+    waits. A step is parked on its first limiter with no room, locked ``FOR SHARE`` (the room
+    read again at its latest version): an outcome that gives a slot back waits for the park to
+    commit, so the claim its ``NOTIFY`` wakes sees the step parked and puts it back
+    (:func:`unpark`). ``SKIP LOCKED`` throughout: a claim never waits. ``exclude``: a CTE of
+    the steps this statement claims or passed over with room (``step_key``).
+    """
+    steps, limiters = table(conn, WorkflowStep), table(conn, WorkflowLimiter)
+    names = "ARRAY(SELECT jsonb_array_elements_text(x.limiters))"
+    left_out = f" AND y.id NOT IN (SELECT step_key FROM {exclude})" if exclude else ""
+    first = (
+        f"SELECT y.id FROM {steps} y WHERE y.status = {literal(StepStatus.SCHEDULED)} AND y.limiters IS NOT NULL "
+        f"AND NOT y.held AND NOT y.parked AND y.scheduled_at <= {at}{left_out} ORDER BY y.scheduled_at LIMIT %s"
+    )
+    full = (
+        f"SELECT l.name FROM {limiters} l WHERE l.name = ANY({names}) AND {room(conn, 'l', at)} < 1 "
+        "ORDER BY l.name LIMIT 1 FOR SHARE OF l SKIP LOCKED"
+    )
+    # Rows found by their keys, one pass of the primary key for the whole array, whatever the
+    # statistics say of the table: a test no index can serve (IS TRUE) keeps the due index out,
+    # and each step's limiter is looked up in one jsonb object, not by a join (a batch of
+    # thousands compared each row with the whole array).
+    locked = (
+        f"SELECT x.id, f.name FROM {steps} x CROSS JOIN LATERAL ({full}) f "
+        f"WHERE x.id = ANY(ARRAY({first})) AND (x.status = {literal(StepStatus.SCHEDULED)} AND NOT x.parked) IS TRUE "
+        "FOR UPDATE OF x SKIP LOCKED"
+    )
+    held = f"SELECT jsonb_object_agg(h.id::text, h.name) AS names FROM ({locked}) h"
+    names = "(SELECT names FROM park_rows)"
+    update = (
+        f"UPDATE {steps} s SET parked = true, parked_on = {names} ->> s.id::text "
+        f"WHERE s.id = ANY(ARRAY(SELECT jsonb_object_keys({names})::bigint)) RETURNING s.id"
+    )
+    return f"park_rows AS ({held}), parked AS ({update})"
+
+
+def unpark(conn: Any, at: str) -> str:
+    """CTEs ``parked_keys`` and ``unparked``: the parked steps of keys with room put back, a key's first ``room``.
+
+    The keys are read one descent of the parked index (``pgbus_wf_step_parked``) each, and
+    each key's steps in priority then due order: its earliest are claimed first. A key whose
+    limiter row is gone limits nothing: all of its steps are put back. Steps put back are
+    claimed by the next claim (this statement's snapshot does not see them).
+    """
+    steps, limiters = table(conn, WorkflowStep), table(conn, WorkflowLimiter)
+    after = f"SELECT MIN(x.parked_on) FROM {steps} x WHERE {_parked('x')}"
+    keys = (
+        f"parked_keys AS (SELECT ({after}) AS name UNION ALL "
+        f"SELECT ({after} AND x.parked_on > k.name) FROM parked_keys k WHERE k.name IS NOT NULL)"
+    )
+    has_room = f"SELECT k.name, ({room(conn, 'l', at)})::bigint AS room FROM parked_keys k "
+    has_room += f"LEFT JOIN {limiters} l ON l.name = k.name WHERE k.name IS NOT NULL "
+    has_room += f"AND (l.name IS NULL OR {room(conn, 'l', at)} >= 1)"
+    first = (
+        f"SELECT x.id FROM {steps} x WHERE {_parked('x')} AND x.parked_on = k.name "
+        "ORDER BY x.priority, x.scheduled_at, x.id LIMIT k.room FOR UPDATE OF x SKIP LOCKED"
+    )
+    put_back = (
+        f"UPDATE {steps} s SET parked = false, parked_on = '' "
+        f"WHERE s.id = ANY(ARRAY(SELECT f.id FROM ({has_room}) k CROSS JOIN LATERAL ({first}) f)) RETURNING s.id"
+    )
+    return f"{keys}, unparked AS ({put_back})"
+
+
+@builds("park_held_back")
+def park_held_back(conn: Any) -> str:
+    """Park held-back steps among the first due steps under limits, how many (PostgreSQL; :func:`park`).
+
+    Placeholders: now, how many to read.
+    """
+    at = "(SELECT at FROM limit_clock)"
+    return f"WITH limit_clock AS (SELECT %s::timestamptz AS at), {park(conn, at)} SELECT count(*) FROM parked"
 
 
 def over_room(runnable_of: str) -> str:

@@ -73,3 +73,24 @@ def test_the_limiters_list_shows_each_keys_slots_and_finds_a_key_by_its_start(ad
 
     assert "concurrency:account:acme" in html
     assert admin_client.get(url, {"q": "rate:"}).content.decode().count("concurrency:account:acme") == 0
+
+
+def test_steps_under_limits_no_code_declares_are_on_the_run_page_in_show_and_in_the_check(admin_client, remove_limits):
+    from pgbus_workflows.checks import check_undeclared_limits
+
+    waiting = [KeyedSleeper.start(account="gone") for _ in range(2)]
+    assert check_undeclared_limits(databases=["default"]) == []  # the code declares the key
+    remove_limits()
+
+    [warning] = check_undeclared_limits(databases=["default"])
+    assert warning.id == "pgbus_workflows.W014"
+    assert warning.msg == (
+        "2 scheduled step(s) of keyed_sleeper.work wait on limiters no code declares any more: "
+        "concurrency:account:gone."
+    )
+    html = admin_client.get(run_page(waiting[0])).content.decode()
+    assert "Step work is under limits its code no longer declares (concurrency:account:gone)" in html
+    out, _err = cli("show", wid(waiting[0]))
+    assert "concurrency:account:gone: no code declares them any more (claimed within their rows)" in out
+    assert json.loads(cli("show", wid(waiting[0]), "--json")[0])["undeclared_limits"] == ["concurrency:account:gone"]
+    assert "no code declares" not in cli("show", wid(KeyedSleeper.start(account="fresh")))[0]  # scheduled under none

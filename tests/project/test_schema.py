@@ -61,16 +61,16 @@ def test_the_comparison_sees_an_index_on_other_columns():
 
 
 def test_the_due_index_swap_runs_both_ways_and_picks_up_where_a_failed_run_stopped():
-    swap = importlib.import_module("pgbus_workflows.migrations.0011_held_steps")
+    swap = importlib.import_module("pgbus_workflows.migrations.0021_parked_steps")  # the latest swap
     with connection.schema_editor(atomic=False) as editor:
-        schema.replace_index(editor, WorkflowStep, swap.NEW, swap.OLD)  # migrating back to 0010
+        schema.replace_index(editor, WorkflowStep, swap.NEW_DUE, swap.OLD_DUE)  # migrating back to 0020
     assert [str(d) for d in schema.differences(connection, MODELS)] == [
-        "pgbus_workflows_workflowstep.pgbus_wf_step_due: index columns differ: (priority, scheduled_at, id)"
+        "pgbus_workflows_workflowstep.pgbus_wf_step_due: index columns differ: (priority, held, scheduled_at, id)"
     ]
-    interim = models.Index(fields=swap.NEW.fields, condition=swap.NEW.condition, name="pgbus_wf_step_due_next")
+    interim = models.Index(fields=swap.NEW_DUE.fields, condition=swap.NEW_DUE.condition, name="pgbus_wf_step_due_next")
     with connection.schema_editor(atomic=False) as editor:
         schema.create_index(editor, WorkflowStep, interim)  # a run that stopped once it had built the new one
-        schema.replace_index(editor, WorkflowStep, swap.OLD, swap.NEW)
+        schema.replace_index(editor, WorkflowStep, swap.OLD_DUE, swap.NEW_DUE)
     assert schema.differences(connection, MODELS) == []
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_class WHERE relname = 'pgbus_wf_step_due_next'")

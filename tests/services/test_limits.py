@@ -352,14 +352,38 @@ def test_a_changed_declaration_writes_its_limit_when_a_step_is_scheduled_under_i
 
 
 @pytest.mark.django_db
-def test_a_process_whose_code_declares_no_limit_never_claims_a_step_under_one(monkeypatch):
-    AccountSync.start(account_id=12)
-    monkeypatch.setattr("pgbus_workflows.services.claims.limits_declared", lambda: False)
+def test_steps_scheduled_under_a_limit_no_code_declares_any_more_are_claimed_within_its_rows(remove_limits):
+    runs = [AccountSync.start(account_id=12) for _ in range(3)]
+    remove_limits()
 
-    assert _claim("limits_account") == []
+    [first] = _claim("limits_account")  # the row's limit of 1 still holds what it was scheduled under
+    assert first.run_id == runs[0].record.pk and _limiter("concurrency:account:12").in_use == 1
+    execute_step(first)  # gives the slot back; the run's next step is scheduled under no limit
 
-    monkeypatch.undo()
-    assert len(_claim("limits_account")) == 1
+    second = _claim("limits_account")
+    assert sorted(s.run_id for s in second) == [runs[0].record.pk, runs[1].record.pk]
+    assert scheduled(runs[2]).status == "scheduled"  # the key's one slot is taken again
+    for attempt in second:
+        execute_step(attempt)
+    while claimed := _claim("limits_account"):
+        for attempt in claimed:
+            execute_step(attempt)
+    assert {wf.reload().status for wf in runs} == {"finished"}
+    assert _limiter("concurrency:account:12").in_use == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("claim", ["statement", "ledger"])
+def test_a_step_whose_limiter_row_is_gone_is_claimed_as_one_without_limits(claim):
+    runs = [AccountSync.start(account_id=13) for _ in range(2)]
+    WorkflowLimiter.objects.filter(name="concurrency:account:13").delete()
+
+    if claim == "statement":
+        claimed = _claim("limits_account")
+    else:
+        claimed = [claim_step(scheduled(wf).pk, claimed_by="test") for wf in runs]
+
+    assert sorted(s.run_id for s in claimed) == sorted(wf.record.pk for wf in runs)
 
 
 @pytest.mark.django_db

@@ -35,7 +35,7 @@ def scheduled(priorities_and_ages: list[tuple[int, float]]) -> list[int]:
     return keys
 
 
-def test_a_claim_takes_the_lowest_priority_first_then_the_longest_due(claim_variant):
+def test_a_claim_takes_the_lowest_priority_first_then_the_longest_due():
     keys = scheduled([(5, 30), (-3, 10), (0, 20), (5, 40), (0, 50), (-3, 5), (2, -3600)])
 
     first = claim_due_steps(3, claimed_by="d")
@@ -48,7 +48,7 @@ def test_a_claim_takes_the_lowest_priority_first_then_the_longest_due(claim_vari
     assert WorkflowStep.objects.get(pk=keys[6]).status == "scheduled"
 
 
-def test_a_claim_locks_no_step_nor_run_beyond_those_it_takes(claim_variant):
+def test_a_claim_locks_no_step_nor_run_beyond_those_it_takes():
     # Each priority's range is read only while the claim still needs steps: a lock taken in a
     # range the limit did not reach would make another dispatcher's SKIP LOCKED pass over a
     # step that nobody claims, with no NOTIFY to come for it.
@@ -68,7 +68,7 @@ def test_a_claim_locks_no_step_nor_run_beyond_those_it_takes(claim_variant):
     assert sorted(key for key, _ in steps) == others and len(runs) == 3
 
 
-def test_the_look_ahead_is_the_earliest_step_due_later_of_a_ready_run_in_any_priority(claim_variant):
+def test_the_look_ahead_is_the_earliest_step_due_later_of_a_ready_run_in_any_priority():
     keys = scheduled([(0, -60), (7, -30), (-1, -90), (3, -10)])
     paused = WorkflowStep.objects.get(pk=keys[3]).run_id
     WorkflowRun.objects.filter(pk=paused).update(status="paused")  # its step, the earliest, is not the loop's
@@ -115,7 +115,7 @@ def settle(*models) -> None:
 MORE_PAGES = 60
 
 
-def test_a_claim_reads_no_more_with_twenty_thousand_runs_waiting_days_for_their_next_step(claim_variant):
+def test_a_claim_reads_no_more_with_twenty_thousand_runs_waiting_days_for_their_next_step():
     def claim():
         return claim_and_look_ahead(1, claimed_by="d")
 

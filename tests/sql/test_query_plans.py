@@ -61,7 +61,7 @@ def claim_statement(claim, marker: str) -> tuple[str, list]:
     return next((text, params) for text, params in seen if marker in text and "SKIP LOCKED" in text)
 
 
-def test_the_claim_query_walks_the_partial_due_index_in_order_without_sorting(claim_variant):
+def test_the_claim_query_walks_the_partial_due_index_in_order_without_sorting():
     Counted.start()
     statement = claim_statement(lambda: claim_due_steps(10), "AS step_key")
 
@@ -69,10 +69,7 @@ def test_the_claim_query_walks_the_partial_due_index_in_order_without_sorting(cl
     kinds = [(n["Node Type"], n.get("Index Name")) for n in nodes(plan)]
     assert ("Index Scan", "pgbus_wf_step_due") in kinds, json.dumps(plan, indent=1)
     sorts = [n for n in nodes(plan) if n["Node Type"] == "Sort"]
-    if claim_variant == "plain":
-        assert not sorts, json.dumps(plan, indent=1)
-    # With limits, the claimed steps of each key are ranked (a sort of the claim's few rows),
-    # never the due index's walk.
+    # The claimed steps of each key are ranked (a sort of the claim's few rows), never the due index's walk.
     for sort in sorts:
         below = [(n["Node Type"], n.get("Index Name")) for n in nodes(sort)]
         assert ("Index Scan", "pgbus_wf_step_due") not in below, json.dumps(plan, indent=1)

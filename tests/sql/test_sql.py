@@ -82,7 +82,7 @@ def test_every_builder_builds_and_the_cache_is_keyed_by_alias_and_vendor():
         "unnest_update": (WorkflowStep, ("status",)),
         "lock": (WorkflowRun, ("id",), True),
         "lock_pairs": (WorkflowRun, WorkflowStep, "run_id"),
-        "claim_steps": (True, 2, True, True),
+        "claim_steps": (True, 2, True),
         "due_jobs": (True, True),
         "look_ahead": (True,),
         "start_function": ("public.pgbus_wf_start_run_sample",),
@@ -187,12 +187,8 @@ WITHOUT_FLUSH = "set_config('synchronous_commit', 'off', true)"
 
 
 def a_claim(text):
-    """Whether ``text`` is the claim statement (whatever names earlier tests taught this process to leave out).
-
-    Either variant: with the limits' clauses (the test app declares limits) or without.
-    """
-    heads = [sql.statement("claim_steps", False, 0, True, limited).split(" WHERE")[0] for limited in (False, True)]
-    return any(text.startswith(head) for head in heads)
+    """Whether ``text`` is the claim statement (whatever names earlier tests taught this process to leave out)."""
+    return text.startswith(sql.statement("claim_steps", False, 0, True).split(" WHERE")[0])
 
 
 @pytest.mark.django_db(transaction=True)

@@ -95,25 +95,26 @@ def bounded_pair_counts(
 
 
 def oldest_due_at(now: datetime) -> datetime | None:
-    """The ``scheduled_at`` of the longest-waiting attempt due at ``now`` and not held (None: nothing is due).
+    """The ``scheduled_at`` of the longest-waiting attempt due at ``now``, not held nor parked (None: nothing is).
 
     On PostgreSQL, one probe of the due index (``pgbus_wf_step_due``: priority, ``held``,
-    ``scheduled_at``) per priority in use, as the claim reads it: the steps waiting for later
-    are never walked. Attempts held back by a limit count, as they are due.
+    ``parked``, ``scheduled_at``) per priority in use, as the claim reads it: the steps waiting
+    for later are never walked. Attempts a full limit parked are left out (the health report
+    counts them as held back).
     """
     from ..models import WorkflowStep  # deferred: the models import the sql package
     from ..states import StepStatus
 
-    due = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, held=False, scheduled_at__lte=now)
+    due = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, held=False, parked=False, scheduled_at__lte=now)
     if not postgresql():
         return due.order_by("scheduled_at").values_list("scheduled_at", flat=True).first()
     opts = WorkflowStep._meta
     with cursor() as django_cursor:
         quote = django_cursor.db.ops.quote_name
         table = quote(opts.db_table)
-        status, held, priority, at = (
+        status, held, parked, priority, at = (
             quote(opts.get_field(f).column)  # type: ignore[union-attr]
-            for f in ("status", "held", "priority", "scheduled_at")
+            for f in ("status", "held", "parked", "priority", "scheduled_at")
         )
         scheduled = f"{status} = %s"
         django_cursor.execute(
@@ -121,7 +122,7 @@ def oldest_due_at(now: datetime) -> datetime | None:
             f"UNION ALL SELECT (SELECT MIN({priority}) FROM {table} WHERE {scheduled} AND {priority} > priorities.p) "
             "FROM priorities WHERE priorities.p IS NOT NULL) "
             f"SELECT MIN((SELECT {at} FROM {table} WHERE {scheduled} AND {priority} = priorities.p AND NOT {held} "
-            f"AND {at} <= %s ORDER BY {at} LIMIT 1)) FROM priorities WHERE priorities.p IS NOT NULL",
+            f"AND NOT {parked} AND {at} <= %s ORDER BY {at} LIMIT 1)) FROM priorities WHERE priorities.p IS NOT NULL",
             [StepStatus.SCHEDULED, StepStatus.SCHEDULED, StepStatus.SCHEDULED, now],
         )
         row = django_cursor.fetchone()

@@ -72,24 +72,11 @@ def analyze() -> None:
             cursor.execute(f"ANALYZE {table}")
 
 
-@pytest.fixture(scope="module")
-def finished_history(django_db_setup, django_db_blocker):
-    """The history, written and committed once for the module's tests, and deleted after them."""
-    with django_db_blocker.unblock():
-        with connection.cursor() as cursor:
-            for statement in FILL:
-                cursor.execute(statement, [HISTORY] if "%s" in statement else [])
-        analyze()
-        yield
-        with connection.cursor() as cursor:  # the steps, events, signals and jobs go with their runs
-            cursor.execute(f"DELETE FROM {RUNS} WHERE workflow_class LIKE 'history%%'")
-            for table in sorted(HOT):  # no dead entries left for the next module's index walks
-                cursor.execute(f"VACUUM ANALYZE {table}")
-
-
 @pytest.fixture
-def history(finished_history):
-    """The runs of interest, made by the engine in the test's transaction beside the history."""
+def history():
+    with connection.cursor() as cursor:
+        for statement in FILL:
+            cursor.execute(statement, [HISTORY] if "%s" in statement else [])
     order = Order.objects.create()
     runs = {"paused": paused_on_error(order), "waiting": waiting(), "ready": ready()}
     analyze()

@@ -29,7 +29,7 @@ is logged and retried next time without stopping the others):
   holding one of its slots, its row locked first (rows deleted outside the library leak
   slots); each repair is a warning in the log and the limiter's ``repaired_at``.
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
-  runs older than ``RETENTION`` are deleted in batches of 500, at most ten batches a sweep;
+  runs older than ``RETENTION`` are deleted in batches of 500, for at most five seconds a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
   every registered class, sent as the ``workflow_gauge`` Django signal (the read model is
@@ -57,8 +57,7 @@ from ..services.claims import stall
 from ..services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
 from ..services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
 from ..services.isolation import RowFailures
-from ..services.retention import BATCH_SIZE as RETENTION_BATCH
-from ..services.retention import delete_expired_runs
+from ..services.retention import delete_expired_runs, expired_runs_left
 from ..services.schedules import delete_expired_schedule_events
 from ..services.slot_sweep import give_back_stalled, reconcile
 from ..services.stuck import gauge
@@ -72,8 +71,12 @@ logger = logging.getLogger("pgbus_workflows")
 #: Steps one stall phase moves at most per sweep.
 BATCH_SIZE = 500
 CLEANUP_EVERY = timedelta(hours=1)
-#: Retention batches one sweep deletes at most (a backlog goes on at the next sweep).
+#: Retention batches of schedule events one sweep deletes at most (a backlog goes on at the next sweep).
 CLEANUP_BATCHES = 10
+#: Seconds one sweep spends deleting expired runs at most (a backlog goes on at the next sweep): a
+#: bound in time, not in runs, so that deletes keep up with any rate of finished runs that the
+#: server can delete (at 500 runs a batch, ten batches a sweep capped them at 83 runs/s).
+CLEANUP_SECONDS = 5.0
 #: Advisory lock key held while a dispatcher sweeps ("pgbus" in ASCII): a transaction-level
 #: lock on a connection of its own (``session.TransactionLock``), right behind PgBouncer too.
 SWEEP_LOCK_KEY = 0x7067627573
@@ -153,8 +156,8 @@ def emit_gauge(now: datetime) -> int:
 class Sweeper:
     """Runs the sweep phases; one dispatcher at a time holds the advisory lock.
 
-    Retention is bounded per sweep (``CLEANUP_BATCHES`` batches): it runs hourly, and at every
-    sweep while a backlog is left, so a large backlog is worked off without one long sweep.
+    Retention is bounded per sweep (``CLEANUP_SECONDS``): it runs hourly, and at every sweep
+    while a backlog is left, so a large backlog is worked off without one long sweep.
     """
 
     def __init__(self) -> None:
@@ -179,7 +182,7 @@ class Sweeper:
             ("limiter_slots", reconcile),
         ]
         if cleanup:
-            phases.append(("cleanup", partial(delete_expired_runs, max_batches=CLEANUP_BATCHES)))
+            phases.append(("cleanup", partial(delete_expired_runs, max_seconds=CLEANUP_SECONDS)))
             phases.append(("schedule_events", partial(delete_expired_schedule_events, max_batches=CLEANUP_BATCHES)))
         phases.append(("gauge", emit_gauge))
         return phases
@@ -207,7 +210,7 @@ class Sweeper:
                     failed.append(name)
             if cleanup and "cleanup" not in failed:
                 self.last_cleanup = now
-                self.cleanup_backlog = summary["cleanup"] >= CLEANUP_BATCHES * RETENTION_BATCH
+                self.cleanup_backlog = expired_runs_left(now)
             if failed:
                 summary["failed"] = failed
         finally:

@@ -7,9 +7,11 @@ rows, and the schedule events' own retention sits beside their writers
 
 from __future__ import annotations
 
-from datetime import datetime
+import time
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from .. import sql
 from ..conf import settings
@@ -20,19 +22,27 @@ from ..states import TERMINAL_RUN
 BATCH_SIZE = 500
 
 
-def delete_expired_runs(now: datetime, batch_size: int = BATCH_SIZE, max_batches: int | None = None) -> int:
+def delete_expired_runs(
+    now: datetime,
+    batch_size: int = BATCH_SIZE,
+    max_batches: int | None = None,
+    max_seconds: float | None = None,
+) -> int:
     """Delete finished and cancelled runs older than ``RETENTION``, a batch at a time.
 
-    Each batch is its own short transaction and skips runs another transaction holds; at most
-    ``max_batches`` batches (None: until none is left), so one sweep is bounded.
+    Each batch is its own short transaction and skips runs another transaction holds; it stops
+    after ``max_batches`` batches or once ``max_seconds`` have passed (at least one batch; None:
+    until none is left), so one sweep is bounded.
     """
-    retention = settings.RETENTION
-    if retention is None:
+    if settings.RETENTION is None:
         return 0
-    expired = WorkflowRun.objects.filter(status__in=TERMINAL_RUN, status_changed_at__lt=now - retention)
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    expired = _expired(now)
     deleted = 0
     batches = 0
-    while max_batches is None or batches < max_batches:
+    while (max_batches is None or batches < max_batches) and (
+        deadline is None or batches == 0 or time.monotonic() < deadline
+    ):
         batches += 1
         with transaction.atomic():
             ids = list(
@@ -43,6 +53,17 @@ def delete_expired_runs(now: datetime, batch_size: int = BATCH_SIZE, max_batches
             _delete_runs(ids)
         deleted += len(ids)
     return deleted
+
+
+def expired_runs_left(now: datetime) -> bool:
+    """Whether finished or cancelled runs older than ``RETENTION`` are still there (an index probe)."""
+    return settings.RETENTION is not None and _expired(now).exists()
+
+
+def _expired(now: datetime) -> QuerySet[WorkflowRun]:
+    """The terminal runs older than ``RETENTION`` (which the callers know is set)."""
+    retention = settings.RETENTION or timedelta(0)
+    return WorkflowRun.objects.filter(status__in=TERMINAL_RUN, status_changed_at__lt=now - retention)
 
 
 def _delete_runs(ids: list[int]) -> None:

@@ -421,13 +421,15 @@ def expired_runs(count):
 
 
 def test_retention_is_bounded_per_sweep_and_works_off_a_backlog_over_the_next_sweeps(monkeypatch):
-    monkeypatch.setattr(sweep, "CLEANUP_BATCHES", 2)
+    monkeypatch.setattr(sweep, "CLEANUP_SECONDS", 0)  # one batch of 500, however fast
     expired_runs(1_200)
     sweeper = Sweeper()
 
-    assert sweeper.run()["cleanup"] == 1_000
+    assert sweeper.run()["cleanup"] == 500
     assert sweeper.cleanup_backlog
-    assert sweeper.run()["cleanup"] == 200  # the next sweep, not an hour later
+    assert sweeper.run()["cleanup"] == 500  # the next sweep, not an hour later
+    assert sweeper.cleanup_backlog
+    assert sweeper.run()["cleanup"] == 200
     assert not sweeper.cleanup_backlog
     assert "cleanup" not in sweeper.run()  # then hourly again
     assert not WorkflowRun.objects.exists()

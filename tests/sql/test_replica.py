@@ -77,9 +77,9 @@ def test_the_lag_is_zero_on_the_primary_and_on_a_server_not_in_recovery():
 @pytest.mark.django_db(transaction=True, databases=BOTH)
 def test_the_admins_lists_dashboard_and_insights_read_the_replica_and_say_so(admin_client):
     ThreeSteps.start()
+    lists = ["workflowrun", "workflowstep", "workflowevent", "workflowsignal", "fanoutjob", "workflowlimiter"]
     pages = [
-        reverse("admin:pgbus_workflows_workflowrun_changelist"),
-        reverse("admin:pgbus_workflows_workflowstep_changelist"),
+        *(reverse(f"admin:pgbus_workflows_{name}_changelist") for name in lists),
         reverse("admin:pgbus_workflows_workflowrun_dashboard"),
         reverse("admin:pgbus_workflows_insights", args=["three_steps"]),
     ]
@@ -116,7 +116,18 @@ def test_the_clis_list_reads_the_replica_with_the_lag_under_its_table():
     assert any("pgbus_workflows_workflowrun" in sql for sql in statements(replica))
     with on_replica:
         call_command("workflows", "list", "--json", stdout=(plain := StringIO()))
+        call_command("workflows", "list", "--ids", stdout=(ids := StringIO()))
     assert [row["workflow_id"] for row in json.loads(plain.getvalue())] == [str(wf.workflow_id)]
+    assert ids.getvalue() == f"{wf.workflow_id}\n"
+
+
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_the_clis_show_reads_the_primary():
+    wf = ThreeSteps.start()
+    with on_replica, CaptureQueriesContext(connections["replica"]) as replica:
+        call_command("workflows", "show", str(wf.workflow_id), stdout=(out := StringIO()))
+    assert str(wf.workflow_id) in out.getvalue() and "read from" not in out.getvalue()
+    assert statements(replica) == []
 
 
 @pytest.mark.django_db(transaction=True, databases=BOTH)
@@ -138,9 +149,16 @@ def test_the_mcp_list_tools_read_the_replica_and_give_its_lag_and_show_run_reads
     assert listed["read_database"] == {"database": "replica", "standby": False, "lag_seconds": 0.0}
     assert [row["workflow_id"] for row in listed["runs"]] == [str(wf.workflow_id)]
     assert any("pgbus_workflows_workflowrun" in sql for sql in statements(replica))
+    others = [("stuck_runs", {}), ("insights", {"workflow_class": "three_steps"}), ("list_schedules", {})]
+    for tool, arguments in others:
+        with on_replica:
+            assert answer(tool, arguments)["read_database"]["database"] == "replica", tool
     with on_replica, CaptureQueriesContext(connections["replica"]) as replica:
         page = answer("show_run", {"workflow_id": str(wf.workflow_id)})
-    assert "read_database" not in page and statements(replica) == []
+        health = answer("health")
+    assert health["read_database"]["database"] == "replica"
+    assert "read_database" not in page
+    assert [sql for sql in statements(replica) if "pgbus_workflows_" in sql] == []  # health's lag is read there
     assert "read_database" not in answer("list_runs")
 
 
@@ -152,4 +170,5 @@ def test_a_metrics_scrape_counts_on_the_replica_and_gives_its_lag(client):
         table = samples(client.get("/metrics/").content.decode())
     assert table[("pgbus_workflows_read_lag_seconds", ())] == 0.0
     assert any("pgbus_workflows_workflowrun" in sql for sql in statements(replica))
+    assert not any("pgbus_workflows_dispatcher" in sql for sql in statements(replica))  # liveness: the primary
     assert ("pgbus_workflows_read_lag_seconds", ()) not in samples(client.get("/metrics/").content.decode())

@@ -90,14 +90,18 @@ class Cluster:
         )
         self.start(self.replica, self.replica_port)
 
+    def stop(self, data: Path) -> None:
+        """Stop one server at once (nothing to flush: the test's data is thrown away)."""
+        subprocess.run(
+            [*self.as_user, f"{BINARIES}/pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=PATIENCE,
+            check=False,
+        )
+
     def down(self) -> None:
         for data in reversed(self.started):
-            subprocess.run(
-                [*self.as_user, f"{BINARIES}/pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop"],
-                capture_output=True,
-                timeout=PATIENCE,
-                check=False,
-            )
+            self.stop(data)
 
     @staticmethod
     def url(port: int, name: str = DATABASE) -> str:
@@ -126,8 +130,13 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def django(cluster: Cluster, *args: str, settings: dict[str, Any] | None = None, exits: int = 0) -> str:
-    """``python -m django ARGS`` with ``default`` on the primary and ``replica`` (READ_DATABASE) on the replica."""
+def django(
+    cluster: Cluster, *args: str, settings: dict[str, Any] | None = None, exits: int = 0, stderr: bool = False
+) -> str:
+    """``python -m django ARGS`` with ``default`` on the primary and ``replica`` (READ_DATABASE) on the replica.
+
+    Its stdout (``stderr``: its stderr), once it exited with ``exits``.
+    """
     environment = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -140,7 +149,7 @@ def django(cluster: Cluster, *args: str, settings: dict[str, Any] | None = None,
         [sys.executable, "-m", "django", *args], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == exits, f"{args} exited {done.returncode}: {done.stdout}{done.stderr}"
-    return done.stdout
+    return done.stderr if stderr else done.stdout
 
 
 def start_run(cluster: Cluster) -> str:
@@ -189,3 +198,11 @@ def test_reads_come_from_the_replica_with_its_lag_and_a_verb_acts_on_the_primary
     cluster.on_replica("SELECT pg_wal_replay_resume()")
     wait_for(lambda: listed(cluster) == {first: "ready", second: "paused"}, "the replica to replay the pause")
     wait_for(lambda: lag_shown(cluster) == 0, "the lag to come back to 0")
+
+    # The replica gone: health notes it (the verdict is the primary's), a list says it in one line.
+    cluster.stop(cluster.replica)
+    health = json.loads(django(cluster, "workflows", "health", "--json", exits=1))
+    assert any(note.startswith("the read database 'replica' cannot be read: ") for note in health["notes"])
+    assert health["reasons"] == ["no dispatcher is alive (no dispatcher has registered)"]
+    refused = django(cluster, "workflows", "list", exits=1, stderr=True)
+    assert refused.startswith("CommandError: Cannot use the database: "), refused

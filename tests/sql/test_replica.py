@@ -23,6 +23,14 @@ from django.urls import reverse
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.models.reading import read_alias, reading
 from pgbus_workflows.services.health import check_health
+from pgbus_workflows.sql import clock
+from pgbus_workflows.sql.counting import (
+    bounded_pair_counts,
+    distinct_values,
+    estimated_count,
+    oldest_due_at,
+    planner_estimate,
+)
 from pgbus_workflows.sql.replica import ReadLag, read_lag
 from tests.exposition import samples
 from tests.mcp.session import answer
@@ -172,3 +180,17 @@ def test_a_metrics_scrape_counts_on_the_replica_and_gives_its_lag(client):
     assert any("pgbus_workflows_workflowrun" in sql for sql in statements(replica))
     assert not any("pgbus_workflows_dispatcher" in sql for sql in statements(replica))  # liveness: the primary
     assert ("pgbus_workflows_read_lag_seconds", ()) not in samples(client.get("/metrics/").content.decode())
+
+
+@pytest.mark.django_db(transaction=True, databases=BOTH)
+def test_the_counts_without_a_scan_read_the_same_alias_as_the_querysets():
+    ThreeSteps.start()
+    with on_replica, reading(), CaptureQueriesContext(connections["replica"]) as replica:
+        assert planner_estimate(WorkflowRun.objects.filter(status="ready")) >= 1
+        assert estimated_count(WorkflowRun.objects.all(), exact_up_to=0) >= (1, True)
+        assert distinct_values(WorkflowRun, "workflow_class") == ["three_steps"]
+        assert bounded_pair_counts(WorkflowRun, (["three_steps"], ["ready"]), 10) == {("three_steps", "ready"): 1}
+        assert oldest_due_at(clock.now()) is not None
+    ran = statements(replica)
+    assert len([sql for sql in ran if sql.startswith("EXPLAIN")]) == 2
+    assert len([sql for sql in ran if "pgbus_workflows_" in sql]) == 6

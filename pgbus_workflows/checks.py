@@ -60,6 +60,7 @@ CHECKS: dict[str, tuple[str, str]] = {
         EVERY_CHECK,
         "A database router sends the reads or writes of the app's models to another database than ``default``.",
     ),
+    "pgbus_workflows.E017": (EVERY_CHECK, "``READ_DATABASE`` is not an alias of ``DATABASES``."),
     "pgbus_workflows.W001": (DATABASE_CHECK, "The default database is neither PostgreSQL nor SQLite."),
     "pgbus_workflows.W002": (EVERY_CHECK, "Several dispatchers heartbeat on one SQLite database: it takes one."),
     "pgbus_workflows.W003": (
@@ -153,6 +154,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     for key in _MCP_SWITCHES:
         if not isinstance(raw.get(key, False), bool):
             errors.append(_error(key, f"must be True or False, got {raw[key]!r}", "E014"))
+    read = raw.get("READ_DATABASE", "default")
+    if not isinstance(read, str) or read not in django_settings.DATABASES:
+        aliases = ", ".join(repr(alias) for alias in django_settings.DATABASES)
+        errors.append(_error("READ_DATABASE", f"must be an alias of DATABASES ({aliases}), got {read!r}", "E017"))
     module = raw.get("AUTODISCOVER_MODULE", "workflows")
     if module is not None and (not isinstance(module, str) or not module):
         errors.append(_error("AUTODISCOVER_MODULE", f"must be a module name or None, got {module!r}", "E008"))

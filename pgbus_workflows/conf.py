@@ -43,6 +43,10 @@ DEFAULTS: dict[str, Any] = {
     "MCP_WRITE_TOOLS": False,
     "MCP_SHOW_PAYLOADS": False,
     "MCP_MAX_RESPONSE_BYTES": 1024 * 1024,
+    # The Django database alias the read-only pages and commands read from (a replica), and how far
+    # behind the primary it may be before the health report notes it.
+    "READ_DATABASE": "default",
+    "READ_MAX_LAG": 30,
 }
 
 #: Keys whose value is a duration. ``RETENTION`` also accepts ``None`` or ``0`` (keep forever).
@@ -56,6 +60,7 @@ DURATION_KEYS = frozenset(
         "HEARTBEAT_INTERVAL",
         "DISPATCHER_DEAD_AFTER",
         "UNKNOWN_STEP_GRACE",
+        "READ_MAX_LAG",
     }
 )
 
@@ -131,6 +136,12 @@ class WorkflowSettings:
     #: The most bytes one MCP tool reply takes on the wire (one stdio line): a larger answer has its largest
     #: values cut, each replaced by a marker that says so.
     MCP_MAX_RESPONSE_BYTES: int
+    #: The ``DATABASES`` alias the admin's lists, dashboard and insights, the metrics scrape and the CLI's and
+    #: MCP's read tools read from (a streaming replica); verbs, claims, starts, signals and the sweep read and
+    #: write the primary (``default``) whatever it says (check E017).
+    READ_DATABASE: str
+    #: A ``READ_DATABASE`` further behind the primary than this is a note of the health report.
+    READ_MAX_LAG: timedelta
 
     def __init__(self) -> None:
         #: The settings object the values were read from, and the values read so far.

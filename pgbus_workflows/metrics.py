@@ -9,7 +9,10 @@ serves it:
 - ``pgbus_workflows_dispatcher_up{dispatcher, hostname}``: 1 while a registered dispatcher
   heartbeats within ``DISPATCHER_DEAD_AFTER``, else 0; ``pgbus_workflows_dispatcher_heartbeat_age_seconds``
   and ``pgbus_workflows_dispatcher_workers_alive`` with the same labels;
-- ``pgbus_workflows_dispatchers_live``: how many dispatchers heartbeat.
+- ``pgbus_workflows_dispatchers_live``: how many dispatchers heartbeat;
+- ``pgbus_workflows_read_lag_seconds``: how far behind the primary the ``READ_DATABASE`` the runs'
+  counts were read from is (only when it is not the primary; the dispatchers' liveness is read
+  on the primary, so an alert on it never waits for a replica).
 
 What one process did, counted in it from the Django signals of ``signals.py`` once
 :func:`install` connected them (``run_workflow_dispatcher --metrics-port`` does, and serves
@@ -23,6 +26,7 @@ them with prometheus_client's own HTTP server):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,8 +46,10 @@ from django.views.decorators.http import require_safe
 from . import signals
 from .conf import settings
 from .models import Dispatcher
+from .models.reading import reading
 from .services.stuck import gauge
 from .sql import clock
+from .sql.replica import read_lag
 
 #: Seconds buckets of the step durations: a 5 ms body to an hour-long one.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -73,8 +79,20 @@ class DatabaseCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        """Read the counts from the database now."""
+        """The counts, read now from ``READ_DATABASE`` (and its lag, unless the primary); liveness from the primary."""
         now = clock.now()
+        with reading() as alias:
+            counts, lag = list(self._counts(now)), read_lag(alias)
+        yield from counts
+        if lag.elsewhere:
+            yield GaugeMetricFamily(
+                "pgbus_workflows_read_lag_seconds",
+                "Seconds the READ_DATABASE the counts were read from is behind the primary (NaN: unknown).",
+                value=math.nan if lag.seconds is None else lag.seconds,
+            )
+        yield from _dispatchers(now)
+
+    def _counts(self, now: Any) -> Iterator[Metric]:
         payload = gauge(now)
         runs = GaugeMetricFamily(
             "pgbus_workflows_runs", "Workflow runs by class and status.", labels=["workflow_class", "status"]
@@ -99,7 +117,6 @@ class DatabaseCollector:
         yield runs
         yield stuck
         yield held
-        yield from _dispatchers(now)
 
 
 def _dispatchers(now: Any) -> Iterator[Metric]:

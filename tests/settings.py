@@ -45,6 +45,12 @@ TEMPLATES = [
     }
 ]
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://root@127.0.0.1:5432/pgbus_workflows")}
+# A READ_DATABASE for the replica tests: the default database again (a test mirror, so the in-process
+# tests read what they wrote), or a real streaming replica (READ_DATABASE_URL, test_replica_processes.py).
+DATABASES["replica"] = {
+    **(env.db("READ_DATABASE_URL") if "READ_DATABASE_URL" in os.environ else DATABASES["default"]),
+    "TEST": {"MIRROR": "default"},
+}
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

@@ -21,13 +21,14 @@ from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import EmptyPage, Page, PageNotAnInteger, Paginator
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.formats import number_format
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..models import WorkflowRun
 from ..sql.counting import EXACT_UP_TO, estimated_count
+from .replica import on_read_database
 
 #: How deep (in pages) an estimated list goes: the page at this depth walks ``per_page`` x
 #: this many index entries (5,000 with 50 a page), never the whole table.
@@ -166,6 +167,11 @@ class ScaledChangeList(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     search_help_text = _("A workflow id, or its first 8 hex digits or more.")
     run_lookup = "run__workflow_id"
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The list; a GET reads ``READ_DATABASE`` and says how far behind it is (``replica.on_read_database``)."""
+        view = super().changelist_view
+        return on_read_database(request, lambda read: view(request, {**read, **(extra_context or {})}))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         """The changelist that sorts by indexed columns only (:class:`IndexedOrderChangeList`)."""

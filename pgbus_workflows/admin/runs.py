@@ -34,6 +34,7 @@ from .insights import insights_context
 from .operations import OPERATIONS, OperatedAdmin, bulk_operation, may_view, operation_view
 from .paging import workflow_id_range
 from .records import ReadOnlyAdmin
+from .replica import on_read_database
 from .run_page import run_page_context
 
 #: The run page's header, all read-only.
@@ -279,20 +280,28 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         """Runs by class, status and stuck reason, live dispatchers, the last hour's attempts."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        request.current_app = self.admin_site.name
+        return on_read_database(request, partial(self._dashboard, request))
+
+    def _dashboard(self, request: HttpRequest, read: dict[str, Any]) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
             "media": self.media,
             "title": _("Workflows dashboard"),
             "opts": self.opts,
             **dashboard_context(self.admin_site, request, clock.now()),
+            **read,
         }
-        request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/pgbus_workflows/dashboard.html", context)
 
     def insights_view(self, request: HttpRequest, workflow_class: str) -> HttpResponse:
         """One class's pipeline, step performance and funnel over a window (``?window=1h|6h|24h|7d``)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        request.current_app = self.admin_site.name
+        return on_read_database(request, partial(self._insights, request, workflow_class))
+
+    def _insights(self, request: HttpRequest, workflow_class: str, read: dict[str, Any]) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
             "media": self.media,
@@ -300,6 +309,6 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
             "opts": self.opts,
             "dashboard_url": reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_dashboard"),
             **insights_context(self.admin_site, request, workflow_class, clock.now()),
+            **read,
         }
-        request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/pgbus_workflows/insights.html", context)

@@ -212,4 +212,8 @@ def health_lines(report: dict[str, Any]) -> list[str]:
         f"stuck runs: {stuck}",
         f"failing schedules: {len(report['failing_schedules'])}",
     ]
+    read = report.get("read_database")
+    if read is not None:
+        lag = "unknown" if read["lag_seconds"] is None else f"{read['lag_seconds']:.1f} s"
+        lines.append(f"read database {read['database']!r}: {lag} behind the primary")
     return lines

@@ -50,6 +50,8 @@ from mcp.types import Tool as ListedTool
 
 from .. import __version__, migrated
 from ..conf import settings
+from ..models.reading import reading as read_database
+from ..sql.replica import read_lag
 from . import reading, writing
 from .acting import Acting, client_name
 from .fitting import fitted
@@ -86,6 +88,9 @@ READ_TOOLS: tuple[ToolBody, ...] = (
     reading.insights,
     reading.list_schedules,
 )
+#: The read tools that read ``READ_DATABASE`` (a replica), their answer saying where and how far behind
+#: (``read_database``, when not the primary); ``health`` and ``show_run`` read the primary, as a run page does.
+ON_READ_DATABASE = frozenset({reading.list_runs, reading.stuck_runs, reading.insights, reading.list_schedules})
 #: The tools offered with ``MCP_WRITE_TOOLS``, each with its annotations.
 WRITE_TOOLS: dict[ToolBody, ToolAnnotations] = {
     writing.pause_run: CHANGES,
@@ -157,7 +162,11 @@ class BoundTool:
         fresh_connections()
         try:
             with database_errors():
-                return response(self.body(self.acting.operator(client), **arguments))
+                if self.body not in ON_READ_DATABASE:
+                    return response(self.body(self.acting.operator(client), **arguments))
+                with read_database() as alias:
+                    answer, lag = response(self.body(self.acting.operator(client), **arguments)), read_lag(alias)
+                return {**answer, "read_database": lag.as_dict()} if lag.elsewhere else answer
         except CommandError as error:
             raise ToolError(str(error)) from None
         finally:

@@ -11,6 +11,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from .reading import ReadingQuerySet
+
 
 class WorkflowLimiter(models.Model):
     """One ``Concurrency`` key's slots or one ``RateLimit`` key's token bucket, shared by every dispatcher.
@@ -36,6 +38,8 @@ class WorkflowLimiter(models.Model):
     #: (rows deleted outside the library had leaked some; ``services.slots.reconcile``).
     repaired_at = models.DateTimeField(_("slots repaired at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
+
+    objects = ReadingQuerySet["WorkflowLimiter"].as_manager()
 
     class Meta:
         verbose_name = _("workflow limiter")

@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..states import JobStatus, SignalStatus
+from .reading import ReadingQuerySet
 from .runs import WorkflowRun, WorkflowStep
 
 #: Every kind of audit event a run records, with what it means. The docs' reference of event
@@ -90,6 +91,8 @@ class WorkflowEvent(models.Model):
     details = models.JSONField(_("details"), default=dict, blank=True, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
 
+    objects = ReadingQuerySet["WorkflowEvent"].as_manager()
+
     class Meta:
         verbose_name = _("workflow event")
         verbose_name_plural = _("workflow events")
@@ -134,6 +137,8 @@ class WorkflowSignal(models.Model):
     #: Set on the instance that ``signal()`` returns for a repeated idempotency key.
     duplicate_delivery = False
 
+    objects = ReadingQuerySet["WorkflowSignal"].as_manager()
+
     class Meta:
         verbose_name = _("workflow signal")
         verbose_name_plural = _("workflow signals")
@@ -174,6 +179,8 @@ class Dispatcher(models.Model):
     #: once that lock is free and the heartbeat a little stale, the process is gone.
     session_lock = models.BooleanField(_("session lock"), default=False, db_default=False)
 
+    objects = ReadingQuerySet["Dispatcher"].as_manager()
+
     class Meta:
         verbose_name = _("dispatcher")
         verbose_name_plural = _("dispatchers")
@@ -213,6 +220,8 @@ class FanOutJob(models.Model):
     claimed_by = models.CharField(_("claimed by"), max_length=255, blank=True, default="")
     result = models.JSONField(_("result"), null=True, blank=True, encoder=DjangoJSONEncoder)
     error = models.TextField(_("error"), blank=True, default="")
+
+    objects = ReadingQuerySet["FanOutJob"].as_manager()
 
     class Meta:
         verbose_name = _("fan-out job")

@@ -24,13 +24,14 @@ from ..states import (
     StepOutcomeKind,
     StepStatus,
 )
+from .reading import ReadingQuerySet
 
 #: Attempts that ended other than completed: rare next to completed ones, so a partial index
 #: on them serves the steps list's status filter (a completed attempt is found by walking the ids).
 UNSUCCESSFUL_STEP = (StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED)
 
 
-class WorkflowRunQuerySet(models.QuerySet["WorkflowRun"]):
+class WorkflowRunQuerySet(ReadingQuerySet["WorkflowRun"]):
     """Domain queries over runs."""
 
     def ongoing(self) -> WorkflowRunQuerySet:
@@ -189,7 +190,7 @@ class WorkflowRun(models.Model):
         return self.events.filter(kind="started").order_by("pk").values_list("actor", "reason").first()
 
 
-class WorkflowStepQuerySet(models.QuerySet["WorkflowStep"]):
+class WorkflowStepQuerySet(ReadingQuerySet["WorkflowStep"]):
     """Domain queries over step attempts."""
 
     def active(self) -> WorkflowStepQuerySet:

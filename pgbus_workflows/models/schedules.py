@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..dsl.schedules import CATCHUP_POLICIES, OVERLAP_POLICIES, default_name, describe
 from ..states import ScheduleEventKind
+from .reading import ReadingQuerySet
 
 
 class WorkflowSchedule(models.Model):
@@ -54,6 +55,8 @@ class WorkflowSchedule(models.Model):
     last_error_at = models.DateTimeField(_("last error at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=now)
     updated_at = models.DateTimeField(_("updated at"), default=now)
+
+    objects = ReadingQuerySet["WorkflowSchedule"].as_manager()
 
     class Meta:
         verbose_name = _("workflow schedule")
@@ -111,6 +114,8 @@ class ScheduleEvent(models.Model):
         verbose_name=_("run"),
     )
     created_at = models.DateTimeField(_("created at"), default=now)
+
+    objects = ReadingQuerySet["ScheduleEvent"].as_manager()
 
     class Meta:
         verbose_name = _("schedule event")

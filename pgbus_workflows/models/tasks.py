@@ -6,16 +6,16 @@ A proxy of ``WorkflowRun`` (no table of its own): a task is a one-step run of a 
 
 from __future__ import annotations
 
-from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from .reading import ReadingQuerySet
 from .runs import WorkflowRun
 
 #: The start of every task class's name (``tasks.runs.task_workflow`` names them).
 TASK_CLASS_PREFIX = "django_task."
 
 
-class DjangoTaskQuerySet(models.QuerySet["DjangoTask"]):
+class DjangoTaskQuerySet(ReadingQuerySet["DjangoTask"]):
     """The runs of the task classes this process knows (matched whole: the class's index serves it)."""
 
     def of_known_classes(self) -> DjangoTaskQuerySet:

@@ -9,7 +9,10 @@ Not healthy when: no dispatcher heartbeats within ``DISPATCHER_DEAD_AFTER``; a r
 or has a fan-out whose jobs all ended without its resolution; a schedule's last tick failed.
 Worth a look but healthy: runs paused on an error, signal waits past
 ``WAITING_VISIBILITY_THRESHOLD``, steps held back by their limits, dispatcher rows whose
-process is gone.
+process is gone, a ``READ_DATABASE`` further behind the primary than ``READ_MAX_LAG`` (or that
+cannot tell, or be read): the engine never reads it, only the pages and read tools do.
+
+The verdict reads the primary, even inside ``models.reading.reading()``: it says what is true now.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
 from django.db.models import F, Q
 
 from ..conf import settings
 from ..models import Dispatcher, WorkflowSchedule
+from ..models.reading import reading
 from ..sql import clock
 from ..sql.counting import oldest_due_at
+from ..sql.replica import read_lag
 from .limiting import held_back_counts
 from .stuck import STUCK_REASONS, stuck_counts
 
@@ -67,6 +73,8 @@ class Health:
     held_back: int
     #: Schedules whose last tick failed: ``{"workflow_class", "name", "last_error", "last_error_at"}``.
     failing_schedules: list[dict[str, Any]]
+    #: The ``READ_DATABASE`` and its lag (``sql.replica.ReadLag.as_dict``); None when it is the primary.
+    read_database: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The whole report as JSON-ready values (datetimes as ISO 8601)."""
@@ -75,8 +83,12 @@ class Health:
 
 
 def check_health(now: datetime | None = None) -> Health:
-    """Read everything the verdict needs and give it, with its reasons and notes."""
-    now = now or clock.now()
+    """Read everything the verdict needs, on the primary, and give it, with its reasons and notes."""
+    with reading(DEFAULT_DB_ALIAS):
+        return _check(now or clock.now())
+
+
+def _check(now: datetime) -> Health:
     beats = _beats(now)
     stuck = dict.fromkeys(STUCK_REASONS, 0)
     for (_klass, reason), count in stuck_counts(now).items():
@@ -102,6 +114,7 @@ def check_health(now: datetime | None = None) -> Health:
     gone = [beat.name for beat in beats if not beat.alive]
     if gone and any(beat.alive for beat in beats):
         notes.append(f"dispatcher rows whose process is gone: {', '.join(gone)}")
+    read_database = _read_database(notes)
     return Health(
         healthy=not reasons,
         reasons=reasons,
@@ -112,7 +125,29 @@ def check_health(now: datetime | None = None) -> Health:
         oldest_due_seconds=None if due_at is None else max((now - due_at).total_seconds(), 0.0),
         held_back=held,
         failing_schedules=failing,
+        read_database=read_database,
     )
+
+
+def _read_database(notes: list[str]) -> dict[str, Any] | None:
+    """The ``READ_DATABASE``'s lag (None: it is the primary), noting it when past ``READ_MAX_LAG`` or unknown."""
+    alias = settings.READ_DATABASE
+    if alias == DEFAULT_DB_ALIAS:
+        return None
+    try:
+        lag = read_lag(alias)
+    except DatabaseError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        notes.append(f"the read database {alias!r} cannot be read: {first}")
+        return {"database": alias, "standby": None, "lag_seconds": None}
+    limit = settings.READ_MAX_LAG.total_seconds()
+    if lag.seconds is None:
+        notes.append(f"the read database {alias!r} cannot tell its lag yet (no transaction replayed)")
+    elif lag.seconds > limit:
+        notes.append(
+            f"the read database {alias!r} is {lag.seconds:.1f} s behind the primary (READ_MAX_LAG {limit:g} s)"
+        )
+    return lag.as_dict()
 
 
 def _beats(now: datetime) -> list[DispatcherBeat]:

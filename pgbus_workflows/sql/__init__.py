@@ -28,7 +28,7 @@ from psycopg import postgres
 from psycopg.abc import Loader
 from psycopg.adapt import PyFormat
 
-from . import claiming, debouncing, limiting  # noqa: F401  (register the claims', debounce's and limits' statements)
+from . import claiming, debouncing, limiting, replica  # noqa: F401  (register the claims', debounce's, limits' and lag's statements)
 from .statements import BUILDERS
 
 _cache: dict[tuple[str, str, str, tuple[Hashable, ...]], str] = {}
@@ -57,9 +57,9 @@ def postgresql() -> bool:
 
 
 @contextmanager
-def cursor() -> Iterator[Any]:
-    """Django's cursor on the default connection (statements with client-side binding)."""
-    with connection.cursor() as django_cursor:
+def cursor(using: str | None = None) -> Iterator[Any]:
+    """Django's cursor on the default connection, or ``using``'s (statements with client-side binding)."""
+    with (connection if using is None else connections[using]).cursor() as django_cursor:
         yield django_cursor
 
 

@@ -24,6 +24,11 @@ from . import cursor, postgresql
 EXACT_UP_TO = 1000
 
 
+def _read_alias(model: type[Model]) -> str:
+    """The alias a read of ``model`` goes to here (``READ_DATABASE`` inside ``models.reading.reading``)."""
+    return str(model._default_manager.all().db)
+
+
 def distinct_values(model: type[Model], field: str) -> list[Any]:
     """The distinct non-null values of ``model.field``, in order.
 
@@ -32,7 +37,7 @@ def distinct_values(model: type[Model], field: str) -> list[Any]:
     not with the number of rows.
     """
     opts = model._meta
-    with cursor() as django_cursor:
+    with cursor(_read_alias(model)) as django_cursor:
         quote = django_cursor.db.ops.quote_name
         table, column = quote(opts.db_table), quote(opts.get_field(field).column)  # type: ignore[union-attr]
         django_cursor.execute(
@@ -53,7 +58,7 @@ def planner_estimate(queryset: QuerySet[Any]) -> int:
     if not postgresql():
         return queryset.count()
     sql, params = queryset.query.sql_with_params()
-    with cursor() as django_cursor:
+    with cursor(queryset.db) as django_cursor:
         django_cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
         plan = django_cursor.fetchone()[0]
     if isinstance(plan, str):
@@ -83,7 +88,7 @@ def bounded_pair_counts(
     Pairs without rows are left out.
     """
     classes, statuses = values
-    with cursor() as django_cursor:
+    with cursor(_read_alias(model)) as django_cursor:
         table = django_cursor.db.ops.quote_name(model._meta.db_table)
         django_cursor.execute(
             f"SELECT c.k, s.v, (SELECT COUNT(*) FROM (SELECT 1 FROM {table} r "
@@ -109,7 +114,7 @@ def oldest_due_at(now: datetime) -> datetime | None:
     if not postgresql():
         return due.order_by("scheduled_at").values_list("scheduled_at", flat=True).first()
     opts = WorkflowStep._meta
-    with cursor() as django_cursor:
+    with cursor(due.db) as django_cursor:
         quote = django_cursor.db.ops.quote_name
         table = quote(opts.db_table)
         status, held, parked, priority, at = (

@@ -22,10 +22,12 @@ from ... import migrated
 from ...admin.forms import MAX_REASON_LENGTH
 from ...admin.operations import OPERATIONS
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
+from ...models.reading import reading
 from ...services.health import check_health
 from ...services.payload import encode_payload
 from ...services.signals import check_signal_input
 from ...services.stuck import STUCK_REASONS
+from ...sql.replica import read_lag
 from ...states import RunStatus
 from ..operating import Operator, Result, operate, show_page
 from ..runs import (
@@ -188,15 +190,17 @@ class Command(BaseCommand):
             subject = Subject.parse(options["subject"]) if options["subject"] is not None else None
         except ValueError as error:
             raise CommandError(f"--subject: {error}") from None
-        runs, more = list_runs(
-            operator.runs(),
-            classes=options["classes"] or (),
-            statuses=options["statuses"] or (),
-            stuck=options["stuck"],
-            subject=subject,
-            limit=options["limit"],
-        )
-        rows = [run_row(run) for run in runs]
+        with reading() as alias:  # a list decides nothing: READ_DATABASE, with its lag in the footer
+            runs, more = list_runs(
+                operator.runs(),
+                classes=options["classes"] or (),
+                statuses=options["statuses"] or (),
+                stuck=options["stuck"],
+                subject=subject,
+                limit=options["limit"],
+            )
+            rows = [run_row(run) for run in runs]
+            lag = read_lag(alias)
         if options["json"]:
             self.stdout.write(to_json(rows))
         elif options["ids"]:
@@ -207,6 +211,8 @@ class Command(BaseCommand):
             self.stdout.write("\n".join(table(rows, RUN_COLUMNS)))
             tail = "; more match (raise --limit or narrow the filters)" if more else ""
             self.stdout.write(f"{len(rows)} run{'s' if len(rows) > 1 else ''}, newest first{tail}")
+        if lag.elsewhere and not (options["json"] or options["ids"]):
+            self.stdout.write(f"Rows {lag.sentence()}.")
 
     def show_run(self, options: dict[str, Any]) -> None:
         """``show RUN_ID``: the run, the verbs it may take, its attempts, events and pending signals."""

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from ..operating import Operator
+from ...operating.operators import Operator
 
 INSTALL = 'pip install "pgbus-workflows[mcp]"'
 ACTING = """Without --as-user the tools act as a trusted system operator (whoever can start

@@ -235,14 +235,13 @@ class WorkerPool(WorkQueues):
         (or its coroutine went to the event loop, which hands its end back)."""
         began = self._enter_body(lane)
         try:
-            done = begin_step(step, chain=chain, verify=verify)
-            if isinstance(done, tuple):
-                started = done[1]
-                if not isinstance(started, Awaiting):
-                    return step, started
-                if self._submitted(step, started):
+            begun = begin_step(step, chain=chain, verify=verify)
+            if begun.kind == "to_apply":
+                return step, cast(StepOutcome, begun.outcome)
+            if begun.awaiting is not None:
+                if self._submitted(step, begun.awaiting):
                     return None
-                held = self._await_held(step, started)  # the loop is full: this thread waits for it
+                held = self._await_held(step, begun.awaiting)  # the loop is full: this thread waits for it
                 return None if held is None else (step, cast(StepOutcome, held))
         except BaseException:
             logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)

@@ -98,6 +98,7 @@ def hooks(sdk: Any, seconds: dict[tuple[str, str], dict[str, list[float]]], roun
 
     step = WorkflowStep.objects.select_related("run").order_by("pk").first()
     assert step is not None
+
     def attempt() -> None:
         with tracing.attempt_span(step) as span:
             span.ended(None)

@@ -92,20 +92,25 @@ def measure(calls: int, rounds: int) -> dict[tuple[str, str], dict[str, float]]:
 
 
 def hooks(sdk: Any, seconds: dict[tuple[str, str], dict[str, list[float]]], rounds: int, calls: int = 20_000) -> None:
-    """The hooks alone, without the database: ``carrier()`` and ``traced_attempt()`` around nothing."""
+    """The hooks alone, without the database: ``carrier()`` and ``attempt_span()`` around nothing."""
     from pgbus_workflows import tracing
     from pgbus_workflows.models import WorkflowStep
 
     step = WorkflowStep.objects.select_related("run").order_by("pk").first()
     assert step is not None
-    for call in ("carrier()", "traced_attempt()"):
+
+    def attempt() -> None:
+        with tracing.attempt_span(step) as span:
+            span.ended(None)
+
+    for call in ("carrier()", "attempt_span()"):
         seconds[(call, "cpu")] = {m: [] for m in MODES}
     for _ in range(rounds):
         for name in random.sample(MODES, len(MODES)):
             with mode(name, sdk):
                 for call, work in (
                     ("carrier()", tracing.carrier),
-                    ("traced_attempt()", lambda: tracing.traced_attempt(step, lambda: None)),
+                    ("attempt_span()", attempt),
                 ):
                     _, cpu, _ = timed(lambda work=work: [work() for _ in range(calls)])
                     seconds[(call, "cpu")][name].append(cpu / calls)

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .dsl.backoff import backoff
 from .dsl.debounce import Debounce
 from .dsl.decorators import fan_out, removed_step, step
-from .dsl.definitions import OnException
+from .dsl.definitions import AttemptRoute, OnException
 from .dsl.jobs import Child, Job
 from .dsl.limits import Concurrency, RateLimit
 from .dsl.schedules import Schedule
@@ -45,6 +45,7 @@ except PackageNotFoundError:  # running from a checkout that is not installed
 
 __all__ = [
     "AlreadyRunning",
+    "AttemptRoute",
     "Child",
     "ChildConflict",
     "ChildDepthExceeded",

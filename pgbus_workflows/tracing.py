@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Protocol
 
 try:
     from opentelemetry import context as otel_context
@@ -32,8 +33,6 @@ try:
     _tracer = trace.get_tracer("pgbus_workflows")
 except ImportError:  # the extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
-
-T = TypeVar("T")
 
 #: The outcome attribute of an attempt that ended without an outcome of its own: it parked
 #: for a signal, it was no longer in progress, or an ``atomic=True`` body stalled.
@@ -82,8 +81,74 @@ def _bounded_tracestate(state: str) -> str:
     return ",".join(kept)
 
 
-def traced_attempt(step: Any, perform: Callable[[], T]) -> T:
-    """``perform()`` (the attempt of the claimed ``step``) inside its span, when tracing is on.
+class Outcome(Protocol):
+    """What an attempt's span reads of its ``StepOutcome``: the kind, and the error of an ``error`` or ``stall``."""
+
+    @property
+    def kind(self) -> str: ...  # noqa: D102 (the outcome's own)
+
+    @property
+    def error(self) -> BaseException | None: ...  # noqa: D102
+
+
+class Settling(Protocol):
+    """An ``async def`` body's attempt awaited elsewhere (``services.body.Awaiting``): it says when it ends."""
+
+    def when_settled(self, callback: Callable[[Any], None]) -> None: ...  # noqa: D102
+
+
+class AttemptSpan:
+    """The span of one attempt while it runs (:func:`attempt_span`); told how the attempt ended.
+
+    A context manager: the span is current inside it, and ends on the way out with the
+    outcome it was told (:meth:`ended`), or when the outcome it awaits is settled
+    (:meth:`settles_later`). An exception out of it ends the span recorded as an error.
+    Without tracing it is a no-op.
+    """
+
+    __slots__ = ("_outcome", "_settling", "_span", "_using")
+
+    def __init__(self, span: Any = None) -> None:
+        self._span = span
+        self._using: Any = None
+        self._outcome: Outcome | None = None
+        self._settling: Settling | None = None
+
+    def ended(self, outcome: Outcome | None) -> None:
+        """The attempt's outcome (None: it parked for a signal, or was no longer in progress)."""
+        if self._span is not None:
+            self._outcome = outcome
+
+    def settles_later(self, settling: Settling) -> None:
+        """The attempt's body goes on elsewhere: the span ends when ``settling`` is settled, with its outcome."""
+        if self._span is not None:
+            self._settling = settling
+
+    def __enter__(self) -> AttemptSpan:
+        if self._span is not None:
+            self._using = trace.use_span(self._span, end_on_exit=False)
+            self._using.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        span = self._span
+        if span is None:
+            return
+        self._using.__exit__(kind, error, tb)  # records an exception on the span
+        if kind is not None:
+            span.end()
+        elif self._settling is not None:
+            self._settling.when_settled(partial(_end, span))
+        else:
+            _end(span, self._outcome)
+
+
+#: The span of every attempt while tracing is off: nothing to record.
+_UNTRACED = AttemptSpan()
+
+
+def attempt_span(step: Any) -> AttemptSpan:
+    """The span of an attempt of the claimed ``step``, to run the attempt in (``with attempt_span(step) as span:``).
 
     ``step`` is a :class:`~pgbus_workflows.models.WorkflowStep`, typed ``Any``: this module is
     in the layer below the models, and importing them, even for the annotation, would be an
@@ -93,10 +158,11 @@ def traced_attempt(step: Any, perform: Callable[[], T]) -> T:
     (when there is one) and current while the attempt runs. Its attributes:
     ``pgbus_workflows.workflow_class``, ``.workflow_id``, ``.step``, ``.attempt`` and
     ``.outcome`` (the ``StepOutcome`` kind, or :data:`NO_OUTCOME`); an ``error`` or ``stall``
-    outcome sets its status to error, with the exception recorded.
+    outcome sets its status to error, with the exception recorded. When tracing is off it is
+    a shared no-op.
     """
     if trace is None or isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
-        return perform()
+        return _UNTRACED
     run = step.run
     parent = _w3c.extract(run.trace_context) if run.trace_context else None
     attributes: dict[str, str | int] = {
@@ -108,22 +174,10 @@ def traced_attempt(step: Any, perform: Callable[[], T]) -> T:
     span = _tracer.start_span(
         f"{run.workflow_class}.{step.step_name}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
     )
-    try:
-        with trace.use_span(span, end_on_exit=False):
-            done = perform()
-    except BaseException:
-        span.end()  # use_span recorded the exception
-        raise
-    outcome = _outcome(done)
-    settled_later = getattr(outcome, "when_settled", None)
-    if settled_later is not None:  # an async def body, awaited elsewhere: the span ends when it does
-        settled_later(partial(_end, span))
-    else:
-        _end(span, outcome)
-    return done
+    return AttemptSpan(span)
 
 
-def _end(span: Any, outcome: Any) -> None:
+def _end(span: Any, outcome: Outcome | None) -> None:
     """End an attempt's span with its outcome (None: no outcome of its own)."""
     span.set_attribute("pgbus_workflows.outcome", outcome.kind if outcome is not None else NO_OUTCOME)
     if outcome is not None and outcome.kind in ERROR_OUTCOMES:
@@ -132,10 +186,3 @@ def _end(span: Any, outcome: Any) -> None:
             span.record_exception(error)
         span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}" if error else outcome.kind))
     span.end()
-
-
-def _outcome(done: Any) -> Any:
-    """The ``StepOutcome`` of what ``perform_step`` returned (None: the attempt parked or was gone)."""
-    if isinstance(done, tuple):
-        return done[1]
-    return done

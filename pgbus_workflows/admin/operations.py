@@ -97,7 +97,7 @@ def perform(op: Operation, run_pk: int, data: dict[str, Any], actor: str) -> Any
 class OperatedAdmin(admin.ModelAdmin):
     """A run admin's permission path: ``may_operate`` and one ``has_<permission>_permission`` per verb.
 
-    The menu, the buttons, the forms, the bulk actions and the CLI (``management.operating``)
+    The menu, the buttons, the forms, the bulk actions and the CLI (``operating.operators``)
     all ask ``may_operate``, so overriding one ``has_<x>_permission`` changes all of them.
     """
 

@@ -1,7 +1,7 @@
 """Who takes which claimed work: the shared queue, each worker's lane, and the idle workers.
 
-``WorkQueues`` is the half of the worker pool that hands work out and lets workers take it
-(:mod:`.workers` runs it). The loop's claims go to the shared queue, or straight to the
+``WorkQueues`` is what the worker pool (:mod:`.workers`, which runs the bodies) holds to hand
+work out and let its workers take it. The loop's claims go to the shared queue, or straight to the
 warmest idle worker; what a worker's own write claims goes to its lane. A worker takes its
 lane's work first, then a share of the shared queue, then what waits behind another's slow
 body. While bodies are quick, ``AWAKE_FOR_QUICK`` workers take everything, so their outcomes
@@ -33,12 +33,18 @@ logger = logging.getLogger("pgbus_workflows")
 #: how long a body may run before idle workers take the work queued behind it.
 BATCH_WINDOW = 0.02
 #: How many workers run quick bodies while the others sleep, whatever the pool's size
-#: (see ``WorkerPool._leave_to_awake``): as many as the default concurrency.
+#: (see ``WorkQueues._leave_to_awake``): as many as the default concurrency.
 AWAKE_FOR_QUICK = 4
 
 
 class WorkQueues:
-    """The pool's queues and lanes, under one lock: handing claimed work out and taking it."""
+    """The pool's queues and lanes, under one lock: handing claimed work out and taking it.
+
+    Its interface to the pool: :meth:`hand_out`, :meth:`held` and :meth:`free_slots` (the
+    loop's, through the pool); :meth:`take`, :meth:`release`, :meth:`lost`, :meth:`share`,
+    :meth:`body_took`, :meth:`wake_idle`, :meth:`wake_all` and :meth:`looked_at_by` (the
+    workers'); :attr:`lock`, :attr:`lanes` and :attr:`stopping`.
+    """
 
     def __init__(
         self,
@@ -53,15 +59,16 @@ class WorkQueues:
         #: The event loop ``async def`` bodies await on (None: they are awaited on the workers).
         self.coroutines = coroutines
         self.batch_size = settings.BATCH_SIZE
-        self._stopping = stopping
+        self.stopping = stopping
         self._on_free = on_free  # a claim ended: the loop may claim more
         self._on_lost = on_lost  # a claim's end could not be written: recover orphans
         self._shared: deque[Queued] = deque()
         #: ``time.monotonic()`` since when the shared queue's oldest work has waited (about).
         self._shared_since = 0.0
         #: Guards the queues, the lanes and the held set; each lane's wake-up condition is on it.
-        self._lock = threading.RLock()
-        self._lanes = [Lane(n, self._lock) for n in range(size)]
+        self.lock = threading.RLock()
+        #: One lane per worker: its own queue, its batch, whether it is in a body.
+        self.lanes = [Lane(n, self.lock) for n in range(size)]
         #: Idle workers' lanes: the one that worked last is woken first (the warmest).
         self._idle: set[Lane] = set()
         # work_key of every claim held: queued, running, or its outcome not yet written.
@@ -71,7 +78,7 @@ class WorkQueues:
 
     def held(self) -> set[tuple[str, int]]:
         """The claims this pool holds (queued, running, or not yet written)."""
-        with self._lock:
+        with self.lock:
             return set(self._held)
 
     def free_slots(self) -> int:
@@ -92,7 +99,7 @@ class WorkQueues:
             awaiting = self.coroutines.in_flight()
             if self.coroutines.capacity and self.coroutines.full():
                 per_worker = 1
-        with self._lock:
+        with self.lock:
             free = self.size * per_worker - (len(self._held) - awaiting)
             # Claim a batch's worth or nothing while work is held: fewer, fuller claims.
             return free if free >= per_worker or not self._held else 0
@@ -106,7 +113,7 @@ class WorkQueues:
         """
         if not works:
             return
-        with self._lock:
+        with self.lock:
             self._held.update(work_key(work) for work in works)
             if lane is not None:
                 lane.queue.extend((work, verify) for work in works)
@@ -125,12 +132,12 @@ class WorkQueues:
             if self._quick_bodies() and self._active() >= AWAKE_FOR_QUICK:
                 # The active workers take it; one idle worker times it, should they not in time
                 # (when one already does, another woken would only go back to sleep).
-                if not self._looked_at_by(self._shared_since + BATCH_WINDOW):
-                    self._wake_idle(1)
+                if not self.looked_at_by(self._shared_since + BATCH_WINDOW):
+                    self.wake_idle(1)
                 return
             # At most one idle worker per claim: waking all of them (16 threads, say) for one
             # step costs every other one a trip through the lock and the GIL for nothing.
-            self._wake_idle(len(works))
+            self.wake_idle(len(works))
 
     def _direct_lane(self) -> Lane | None:
         """The idle worker to hand a claim just made to, or None. Lock held.
@@ -148,26 +155,37 @@ class WorkQueues:
             return None
         return warmest
 
-    def _wake_idle(self, count: int) -> None:
+    def wake_idle(self, count: int) -> None:
         """Wake up to ``count`` idle workers, the one that worked last first (its caches are warm). Lock held."""
         for _ in range(min(count, len(self._idle))):
             warmest = max(self._idle, key=lambda lane: lane.came_at)
             self._idle.discard(warmest)
             warmest.wakeup.notify()
 
-    def _wake_all(self) -> None:
+    def wake_all(self) -> None:
         """Wake every idle worker (to see ``stopping``, or a queue behind a body). Lock held."""
-        for lane in self._lanes:
+        for lane in self.lanes:
             lane.wakeup.notify()
 
-    def _release(self, works: Sequence[Work]) -> None:
-        with self._lock:
+    def share(self, queued: Sequence[Queued]) -> None:
+        """Put work in the shared queue, for any worker (a dead worker's lane, an ended coroutine). Lock held."""
+        if not self._shared:
+            self._shared_since = time.monotonic()
+        self._shared.extend(queued)
+
+    def body_took(self, seconds: float) -> None:
+        """A body ran for ``seconds``: the moving average that sizes the claims and tells quick bodies."""
+        self._body_seconds = 0.8 * self._body_seconds + 0.2 * seconds
+
+    def release(self, works: Sequence[Work]) -> None:
+        """The claims of ``works`` ended (written, or given up): no longer held; the loop may claim more."""
+        with self.lock:
             self._held.difference_update(work_key(work) for work in works)
-            if self._stopping.is_set():
-                self._wake_all()  # idle workers waiting for the last claims may exit
+            if self.stopping.is_set():
+                self.wake_all()  # idle workers waiting for the last claims may exit
         self._on_free()
 
-    def _take(self, lane: Lane, wait: bool) -> Queued | tuple[Batch, bool] | None:
+    def take(self, lane: Lane, wait: bool) -> Queued | tuple[Batch, bool] | None:
         """Work for ``lane``'s worker: its own, then shared, then what waits behind a slow body
         (claims, or outcomes parked before it: a batch to write).
 
@@ -176,7 +194,7 @@ class WorkQueues:
         woken = False
         lane.came_at = time.monotonic()
         while True:
-            with self._lock:
+            with self.lock:
                 while True:
                     if lane.queue:
                         return lane.queue.popleft()
@@ -186,10 +204,10 @@ class WorkQueues:
                         break
                     stolen, patience = self._steal()
                     if stolen is not None:
-                        if any(_behind(other) for other in self._lanes):
-                            self._wake_idle(1)  # the next watcher: more waits behind a body
+                        if any(_behind(other) for other in self.lanes):
+                            self.wake_idle(1)  # the next watcher: more waits behind a body
                         return stolen
-                    if not wait or (self._stopping.is_set() and not self._held):
+                    if not wait or (self.stopping.is_set() and not self._held):
                         return None
                     lane.idle = True
                     self._idle.add(lane)
@@ -229,13 +247,13 @@ class WorkQueues:
         since = time.monotonic() - BATCH_WINDOW
         return sum(
             1
-            for other in self._lanes
+            for other in self.lanes
             if other is not besides and not other.idle and (other.body_since is None or other.body_since >= since)
         )
 
-    def _looked_at_by(self, when: float) -> bool:
+    def looked_at_by(self, when: float) -> bool:
         """Whether an idle worker wakes of itself by ``when`` (``time.monotonic()``) to look for work. Lock held."""
-        return any(lane.idle and lane.looks_at <= when + 0.001 for lane in self._lanes)
+        return any(lane.idle and lane.looks_at <= when + 0.001 for lane in self.lanes)
 
     def _share(self) -> list[Queued]:
         """This worker's part of the shared queue: an even share among those who take it, at most a batch.
@@ -257,15 +275,15 @@ class WorkQueues:
             alive = still_in_progress(steps)
         except Exception:
             logger.exception("Could not re-check %d claimed step(s)", len(steps))
-            self._lost([work for work, _ in chunk])
+            self.lost([work for work, _ in chunk])
             return
         gone = [work for work, verify in chunk if verify and isinstance(work, WorkflowStep) and work.pk not in alive]
-        with self._lock:
+        with self.lock:
             lane.queue.extend(
                 (work, verify and isinstance(work, FanOutJob)) for work, verify in chunk if work not in gone
             )
         if gone:
-            self._release(gone)  # cancelled (or stalled) between the claim and now: they never run
+            self.release(gone)  # cancelled (or stalled) between the claim and now: they never run
             give_back_unrun(gone)
 
     def _steal(self) -> tuple[Queued | tuple[Batch, bool] | None, float]:
@@ -276,7 +294,7 @@ class WorkQueues:
         """
         now = time.monotonic()
         patience = 1.0
-        for other in self._lanes:
+        for other in self.lanes:
             if _behind(other):
                 ripe = cast(float, other.body_since) + BATCH_WINDOW - now
                 if ripe >= 0:
@@ -288,10 +306,10 @@ class WorkQueues:
                     return other.queue.pop(), 0.0
         return None, patience
 
-    def _lost(self, works: Sequence[Work]) -> None:
+    def lost(self, works: Sequence[Work]) -> None:
         """Give up claims whose end could not be written: the orphan recovery stalls them."""
         connection.close()
-        self._release(works)
+        self.release(works)
         self._on_lost()
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from django.db import connection
@@ -46,8 +46,12 @@ logger = logging.getLogger("pgbus_workflows")
 QUICK_BODY = 0.1
 
 
-class WorkerPool(WorkQueues):
-    """``size`` worker threads serving the claims of one dispatcher (the queues they take from: :class:`WorkQueues`)."""
+class WorkerPool:
+    """``size`` worker threads serving the claims of one dispatcher.
+
+    It runs the bodies and writes their ends; what it holds in :attr:`taking` (a
+    :class:`~.taking.WorkQueues`) hands the claims out and lets its workers take them.
+    """
 
     def __init__(
         self,
@@ -60,11 +64,18 @@ class WorkerPool(WorkQueues):
         on_lost: Callable[[], None],
         async_capacity: int = 0,
     ) -> None:
-        coroutines = CoroutineLoop(async_capacity, self._hand_back, self._drop) if size else None
-        super().__init__(size=size, stopping=stopping, on_free=on_free, on_lost=on_lost, coroutines=coroutines)
+        #: The event loop ``async def`` bodies await on (None: a pool without workers).
+        self.coroutines = CoroutineLoop(async_capacity, self._hand_back, self._drop) if size else None
+        #: The shared queue, the lanes and the held claims: who takes which work.
+        self.taking = WorkQueues(
+            size=size, stopping=stopping, on_free=on_free, on_lost=on_lost, coroutines=self.coroutines
+        )
+        self.size = size
         self.name = name
         self.queues = queues
-        self._threads = [self._thread(lane) for lane in self._lanes]
+        self._stopping = stopping
+        self._on_free = on_free
+        self._threads = [self._thread(lane) for lane in self.taking.lanes]
         #: Worker threads that died and were replaced (each logged).
         self.replaced = 0
         #: How long each step's (class and name) or job function's bodies take (a moving
@@ -85,14 +96,26 @@ class WorkerPool(WorkQueues):
         """How many worker threads are alive (the dispatcher's row shows it)."""
         return sum(thread.is_alive() for thread in self._threads)
 
+    def hand_out(self, works: Sequence[Work], *, verify: bool, lane: Lane | None = None) -> None:
+        """Queue claimed work for the workers (:meth:`.WorkQueues.hand_out`)."""
+        self.taking.hand_out(works, verify=verify, lane=lane)
+
+    def held(self) -> set[tuple[str, int]]:
+        """The claims this pool holds: queued, running, or not yet written."""
+        return self.taking.held()
+
+    def free_slots(self) -> int:
+        """How much to claim now (:meth:`.WorkQueues.free_slots`)."""
+        return self.taking.free_slots()
+
     def join(self, deadline: float) -> bool:
         """Wait (until the ``time.monotonic()`` deadline) for the workers to finish every claim.
 
         Call after ``stopping`` is set. Returns True when some are still running; the async
         bodies still awaiting are then cancelled (their attempts are the dispatcher's to stall).
         """
-        with self._lock:
-            self._wake_all()
+        with self.taking.lock:
+            self.taking.wake_all()
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
         abandoned = any(thread.is_alive() for thread in self._threads)
@@ -114,7 +137,7 @@ class WorkerPool(WorkQueues):
     def _work(self, lane: Lane, chain: Chain) -> None:
         """Run work; write quick steps' outcomes and jobs' ends in batches."""
         while True:
-            taken = self._take(lane, wait=not lane.batch)
+            taken = self.taking.take(lane, wait=not lane.batch)
             if taken is None:
                 if not lane.batch:
                     return
@@ -138,26 +161,26 @@ class WorkerPool(WorkQueues):
                     self._unpark(lane)
                     lane.batch.add_step(performed)
             lane.current = None
-            if len(lane.batch) >= self.batch_size or lane.batch.age() >= BATCH_WINDOW:
+            if len(lane.batch) >= self.taking.batch_size or lane.batch.age() >= BATCH_WINDOW:
                 self._write_batch(lane, chain)
 
     def _before_body(self, lane: Lane, work: WorkflowStep | FanOutJob, chain: Chain) -> None:
         """Write what ``lane`` holds before a body not known to be quick; before a quick one, park it.
 
         Parked, it waits for the body's end to be joined by its outcome; should the body run
-        past ``BATCH_WINDOW`` after all, an idle worker writes it meanwhile (:meth:`_steal`).
+        past ``BATCH_WINDOW`` after all, an idle worker writes it meanwhile (``WorkQueues._steal``).
         """
         if not lane.batch:
             return
         if not self._known_quick(work):
             self._write_batch(lane, chain)
             return
-        with self._lock:
+        with self.taking.lock:
             lane.parked, lane.batch = lane.batch, Batch()
 
     def _unpark(self, lane: Lane) -> None:
         """The body is over: what ``lane`` parked before it, unless another worker wrote it, is its batch again."""
-        with self._lock:
+        with self.taking.lock:
             parked, lane.parked = lane.parked, None
         if parked is not None:
             parked.join(lane.batch)
@@ -182,13 +205,11 @@ class WorkerPool(WorkQueues):
             except BaseException:
                 logger.exception("Could not write the outcomes of worker thread %s", lane.number)
         if current is not None and work_key(current) in self.held():
-            self._lost([current])
-        with self._lock:
-            if not self._shared:
-                self._shared_since = time.monotonic()
-            self._shared.extend(lane.queue)
+            self.taking.lost([current])
+        with self.taking.lock:
+            self.taking.share(list(lane.queue))
             lane.queue.clear()
-            self._wake_all()
+            self.taking.wake_all()
         if not self._stopping.is_set():
             self.replaced += 1
             thread = self._threads[lane.number] = self._thread(lane)
@@ -209,13 +230,13 @@ class WorkerPool(WorkQueues):
 
         One watcher is enough (sixteen woken for each body would cost each a trip through the
         lock and the GIL), and none is woken when an idle worker looks in time anyway; whoever
-        takes work behind a body wakes the next (:meth:`_take`).
+        takes work behind a body wakes the next (``WorkQueues.take``).
         """
         lane.body_since = time.monotonic()
         if lane.queue or lane.parked is not None:
-            with self._lock:
-                if not self._looked_at_by(lane.body_since + BATCH_WINDOW):
-                    self._wake_idle(1)
+            with self.taking.lock:
+                if not self.taking.looked_at_by(lane.body_since + BATCH_WINDOW):
+                    self.taking.wake_idle(1)
         return lane.body_since
 
     def _leave_body(self, lane: Lane, began: float, work: WorkflowStep | FanOutJob) -> None:
@@ -223,7 +244,7 @@ class WorkerPool(WorkQueues):
         and into its step's (or job function's) own."""
         lane.body_since = None
         seconds = time.monotonic() - began
-        self._body_seconds = 0.8 * self._body_seconds + 0.2 * seconds
+        self.taking.body_took(seconds)
         key = body_key(work)
         # The first body sets it: a step seen to be slow once is slow at once, not after five.
         self._step_seconds[key] = 0.8 * self._step_seconds.get(key, seconds) + 0.2 * seconds
@@ -235,23 +256,22 @@ class WorkerPool(WorkQueues):
         (or its coroutine went to the event loop, which hands its end back)."""
         began = self._enter_body(lane)
         try:
-            done = begin_step(step, chain=chain, verify=verify)
-            if isinstance(done, tuple):
-                started = done[1]
-                if not isinstance(started, Awaiting):
-                    return step, started
-                if self._submitted(step, started):
+            begun = begin_step(step, chain=chain, verify=verify)
+            if begun.kind == "to_apply":
+                return step, cast(StepOutcome, begun.outcome)
+            if begun.awaiting is not None:
+                if self._submitted(step, begun.awaiting):
                     return None
-                held = self._await_held(step, started)  # the loop is full: this thread waits for it
+                held = self._await_held(step, begun.awaiting)  # the loop is full: this thread waits for it
                 return None if held is None else (step, cast(StepOutcome, held))
         except BaseException:
             logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)
-            self._lost([step])
+            self.taking.lost([step])
             return None
         finally:
             self._leave_body(lane, began, step)
         self.hand_out(chain.take(), verify=False, lane=lane)  # an atomic step's next step
-        self._release([step])
+        self.taking.release([step])
         return None
 
     def _submitted(self, claim: WorkflowStep | FanOutJob, awaiting: Awaiting[Any]) -> bool:
@@ -268,7 +288,7 @@ class WorkerPool(WorkQueues):
         """
         settled = cast(CoroutineLoop, self.coroutines).await_held(claim, awaiting)  # a pool with workers has one
         if settled is None:
-            self._release([claim])
+            self.taking.release([claim])
             return None
         return settled.result()
 
@@ -297,15 +317,13 @@ class WorkerPool(WorkQueues):
 
     def _hand_back(self, settled: Settled) -> None:
         """On the loop's thread: a coroutine ended; a worker writes its outcome with its batch."""
-        with self._lock:
-            if not self._shared:
-                self._shared_since = time.monotonic()
-            self._shared.append((settled, False))
-            self._wake_idle(1)
+        with self.taking.lock:
+            self.taking.share([(settled, False)])
+            self.taking.wake_idle(1)
 
     def _drop(self, claim: WorkflowStep | FanOutJob) -> None:
         """On the loop's thread: a body cancelled (stalled, or at shutdown); its claim is given up, not written."""
-        self._release([claim])
+        self.taking.release([claim])
 
     def _settle(self, settled: Settled, lane: Lane) -> None:
         """Turn an ended coroutine into its outcome (or job end), written with ``lane``'s batch."""
@@ -313,7 +331,7 @@ class WorkerPool(WorkQueues):
             result = settled.result()
         except BaseException:
             logger.exception("The end of %s could not be settled", settled.awaiting.label)
-            self._lost([settled])
+            self.taking.lost([settled])
             return
         if isinstance(result, JobEnd):
             lane.batch.add_job(result)
@@ -333,10 +351,10 @@ class WorkerPool(WorkQueues):
                 write()
             except BaseException:
                 logger.exception("The ends of %d claimed step(s) or job(s) could not be written", len(works))
-                self._lost(works)
+                self.taking.lost(works)
                 continue
             self.hand_out(chain.take(), verify=False, lane=lane)
-            self._release(works)
+            self.taking.release(works)
 
     def _run_job(self, job: FanOutJob, lane: Lane) -> JobEnd | None:
         """Call a claimed job's function (its end is written with the batch; an async one's when it ends)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 from django.utils.module_loading import import_string
 
@@ -126,6 +126,18 @@ class OnException:
     def __repr__(self) -> str:
         names = ", ".join(e if isinstance(e, str) else e.__name__ for e in self.exceptions)
         return f"OnException({names}{', ' if names else ''}action={self.action!r})"
+
+
+class AttemptRoute(NamedTuple):
+    """Where a new attempt of a step goes: the queue whose dispatchers run it, and its priority (lower first).
+
+    What :meth:`Workflow.route_attempt <pgbus_workflows.Workflow.route_attempt>` returns.
+    """
+
+    #: The queue name (``run_workflow_dispatcher --queue``).
+    queue: str
+    #: The claim order among due attempts: lower first.
+    priority: int
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ the official MCP SDK.
   every call goes through one path (who acts, the database's errors as one line, the result
   made JSON-ready, redacted, and sent once as JSON text within ``MCP_MAX_RESPONSE_BYTES``).
 - :mod:`.reading` and :mod:`.writing` are the tools' bodies: the CLI's reads
-  (``management.runs``, ``management.schedules``) and the admin's verbs
-  (``admin.operations.OPERATIONS`` through ``management.operating``), so an assistant can do
+  (``operating.runs``, ``operating.schedules``) and the admin's verbs
+  (``admin.operations.OPERATIONS`` through ``operating.operators``), so an assistant can do
   nothing an operator at a terminal could not.
 - :mod:`.arguments` caps and checks what the tools take; :mod:`.acting` says who acts;
   :mod:`.responses` redacts payloads unless ``PGBUS_WORKFLOWS["MCP_SHOW_PAYLOADS"]``;

@@ -5,7 +5,7 @@ Without ``--as-user`` the server acts as the CLI's trusted system operator (whoe
 events record ``mcp:<client name>``, the name the MCP client gave in its ``clientInfo``
 (``mcp:assistant`` when it gave none). With ``--as-user USERNAME`` every call acts as that
 Django user, checked exactly as the CLI's ``--as-user`` checks them
-(:meth:`~pgbus_workflows.management.operating.Operator.as_user`), looked up again on each call
+(:meth:`~pgbus_workflows.operating.operators.Operator.as_user`), looked up again on each call
 so a permission withdrawn, or a user deactivated, counts at once.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from ..management.operating import Operator
+from ..operating.operators import Operator
 from ..services.ledger import MAX_ACTOR_LENGTH
 
 #: The actor's prefix: events written through the tools say so.

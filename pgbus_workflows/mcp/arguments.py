@@ -101,7 +101,7 @@ StuckReason = Annotated[
         "ended, the step not yet resolved).",
     ),
 ]
-#: A subject as runs store it (``management.runs.Subject.parse`` reads it).
+#: A subject as runs store it (``operating.runs.Subject.parse`` reads it).
 SubjectText = Annotated[
     str,
     Field(max_length=300, description="app_label.model:pk (one subject, e.g. shop.order:42) or app_label.model."),

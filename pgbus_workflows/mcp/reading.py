@@ -1,9 +1,9 @@
 """The read tools: runs, one run's page, stuck runs, a class's insights, schedules. They write nothing.
 
-Each body takes the :class:`~pgbus_workflows.management.operating.Operator` first (the server
+Each body takes the :class:`~pgbus_workflows.operating.operators.Operator` first (the server
 passes it), then the tool's arguments; its docstring is the tool's description. They read
-what ``manage.py workflows list|show`` and ``schedules list`` read (``management.runs``,
-``management.schedules``), through the same indexes, and see what the operator may see: with
+what ``manage.py workflows list|show`` and ``schedules list`` read (``operating.runs``,
+``operating.schedules``), through the same indexes, and see what the operator may see: with
 ``--as-user``, the runs and rows the admin would show that user. A workflow class no code
 registers and no row names is a tool error in each of them, never an empty list.
 """
@@ -17,17 +17,17 @@ from pydantic import Field
 
 from ..dsl.declared import registry
 from ..dsl.limits import CONCURRENCY, RATE, Concurrency, declared_limits
-from ..management.operating import Operator, show_page
-from ..management.runs import (
+from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule
+from ..operating.operators import Operator, show_page
+from ..operating.runs import (
     RunNotFound,
     Subject,
     find_run,
     run_row,
     with_latest_attempt,
 )
-from ..management.runs import list_runs as matching_runs
-from ..management.schedules import ScheduleCommands, schedule_row
-from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule
+from ..operating.runs import list_runs as matching_runs
+from ..operating.schedules import ScheduleCommands, schedule_row
 from ..services.health import check_health
 from ..services.insights import DEFAULT_WINDOW, WINDOWS, class_insights
 from ..services.stuck import STUCK_REASONS

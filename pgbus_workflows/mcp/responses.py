@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from ..conf import settings
-from ..management.terminal import ExactJSONEncoder
+from ..operating.terminal import ExactJSONEncoder
 
 #: What a redacted value reads as: it says how to show it.
 PLACEHOLDER = "[redacted: set PGBUS_WORKFLOWS['MCP_SHOW_PAYLOADS'] = True to show]"

@@ -1,7 +1,7 @@
 """The write tools: the admin's verbs on one run, each with the reason the assistant gives.
 
 Offered only with ``PGBUS_WORKFLOWS["MCP_WRITE_TOOLS"] = True``. Each calls
-:func:`~pgbus_workflows.management.operating.operate` with the admin's
+:func:`~pgbus_workflows.operating.operators.operate` with the admin's
 :data:`~pgbus_workflows.admin.operations.OPERATIONS`, exactly as ``manage.py workflows`` does:
 the same permission check (with ``--as-user``), the same verb under the run's lock, the same
 audit event, whose actor is the operator's and whose reason is the one given. A verb the
@@ -18,7 +18,7 @@ from pydantic import Field, StringConstraints
 
 from ..admin.operations import OPERATIONS
 from ..exceptions import PayloadNotSerializable, PayloadTooLarge
-from ..management.operating import Operator, operate
+from ..operating.operators import Operator, operate
 from ..services.payload import encode_payload
 from ..services.signals import check_signal_input
 from .arguments import Name, Reason, RunId

@@ -26,6 +26,7 @@ from ..conf import settings
 from ..dsl.deploy import can_run_step, catalog_json
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
+from ..sql.claiming import ClaimRow, claim_parameters
 from ..states import JobStatus, RunStatus, StepStatus
 from . import limiting
 from .ledger import SYSTEM_ACTOR, RunLedger
@@ -182,16 +183,19 @@ def _claim_pass(
     claimed; ``unknown`` pairs are left out of them, and a due step of a pair this process's
     code cannot run is passed over.
     """
-    params: list[Any] = [now]  # the limiters' clock
-    params += [value for pair in unknown for value in pair]  # the run's lateral subquery comes first
-    params += [due_by, *([] if queues is None else [queues])]
-    params += [limit, limit]  # a priority's, the claim's
-    params += [_catalog_parameter(), now, claimed_by, now, settings.STALL_THRESHOLD, now]
     event = _started_event(now, claimed_by)
     db = transaction.get_connection()
-    params += [rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)]
-    params.append(limit)  # the due steps under limits looked at for parking
-    params += [now, *([] if queues is None else [queues])] * 3  # the look-ahead: steps, jobs later, jobs now
+    params = claim_parameters(
+        now=now,
+        due_by=due_by,
+        queues=queues,
+        limit=limit,
+        catalog=_catalog_parameter(),
+        claimed_by=claimed_by,
+        stall_threshold=settings.STALL_THRESHOLD,
+        unknown=unknown,
+        event={a: rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)},
+    )
     text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction)
     if own_transaction:
         found = sql.fetch_in_index_order(text, params)
@@ -199,21 +203,21 @@ def _claim_pass(
         with sql.bound_cursor() as cursor:
             cursor.execute(text, params)
             found = cursor.fetchall()
-    ahead = LookAhead(found[0][1], jobs_due=bool(found[0][2]))
-    moved = Parking(parked=found[0][3], put_back=found[0][4], looked_at=limit)
-    split = 7 + len(WorkflowRun._meta.concrete_fields)
+    named = [ClaimRow.read(row) for row in found]
+    ahead = LookAhead(named[0].next_due_at, jobs_due=bool(named[0].jobs_due))
+    moved = Parking(parked=named[0].parked, put_back=named[0].put_back, looked_at=limit)
     claimed, passed_over, past_room = [], set(), False
-    for row in found:
-        if row[5] is None:
+    for row in named:
+        if row.class_name is None or row.step_name is None:
             continue  # nothing was due: the look-ahead's row alone
-        if row[7] is None:
-            if can_run_step(row[5], row[6]):
+        if row.run is None or row.step is None:
+            if can_run_step(row.class_name, row.step_name):
                 past_room = True  # past its key's room in this claim: left for the next
             else:
-                passed_over.add((row[5], row[6]))
+                passed_over.add((row.class_name, row.step_name))
             continue
-        step = rows.from_row(WorkflowStep, row[split:])
-        step.run = rows.from_row(WorkflowRun, row[7:split])
+        step = rows.from_row(WorkflowStep, row.step)
+        step.run = rows.from_row(WorkflowRun, row.run)
         claimed.append(step)
     claimed.sort(key=lambda step: (step.priority, step.scheduled_at, step.pk))
     return claimed, passed_over, ahead, past_room, moved

@@ -9,8 +9,8 @@ lock. A dispatcher worker does the same in two halves: ``perform_step`` for each
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .. import tracing
 from ..dsl.declared import registry
@@ -72,28 +72,54 @@ def perform_step(
     is nothing to apply (the attempt was no longer in progress, or it parked for a signal).
     An ``async def`` body is awaited on this thread.
     """
-    done = begin_step(step, chain=chain, verify=verify)
-    if isinstance(done, tuple) and isinstance(done[1], Awaiting):
-        return step, done[1].run_here()
-    return cast("tuple[WorkflowStep, StepOutcome] | StepOutcome | None", done)
+    begun = begin_step(step, chain=chain, verify=verify)
+    if begun.awaiting is not None:
+        return step, begun.awaiting.run_here()
+    if begun.kind == "to_apply":
+        return step, cast(StepOutcome, begun.outcome)
+    return begun.outcome  # applied already, or None
 
 
-def begin_step(
-    step: WorkflowStep, *, chain: Chain | None = None, verify: bool = True
-) -> tuple[WorkflowStep, StepOutcome | Awaiting[StepOutcome]] | StepOutcome | None:
+@dataclass(frozen=True, slots=True)
+class Begun:
+    """What beginning a claimed attempt came to (:func:`begin_step`); ``kind`` says which.
+
+    - ``"nothing"``: nothing to apply: the attempt was no longer in progress, it parked for a
+      signal, or an ``atomic=True`` body stalled;
+    - ``"applied"``: an ``atomic=True`` body committed with its :attr:`outcome`;
+    - ``"to_apply"``: its :attr:`outcome` is for the caller to apply (``apply_outcomes``);
+    - ``"awaiting"``: an ``async def`` body's coroutine, :attr:`awaiting`, not yet awaited.
+    """
+
+    kind: Literal["nothing", "applied", "to_apply", "awaiting"]
+    #: The outcome of ``"applied"`` and ``"to_apply"``.
+    outcome: StepOutcome | None = None
+    #: The coroutine of ``"awaiting"``, which settles into the outcome to apply.
+    awaiting: Awaiting[StepOutcome] | None = None
+
+
+#: Nothing to apply (one instance: it carries nothing).
+NOTHING = Begun("nothing")
+
+
+def begin_step(step: WorkflowStep, *, chain: Chain | None = None, verify: bool = True) -> Begun:
     """:func:`perform_step`, but an ``async def`` body comes back as its coroutine, not yet awaited.
 
     The dispatcher awaits it on its event loop and settles it on a worker thread.
     """
     if verify and not _still_in_progress(step):
         slots.give_back_unrun([step])  # cancelled (or stalled) between the claim and now: nothing runs
-        return None
-    return tracing.traced_attempt(step, partial(_attempt, step, chain))
+        return NOTHING
+    with tracing.attempt_span(step) as span:
+        begun = _attempt(step, chain)
+        if begun.awaiting is not None:
+            span.settles_later(begun.awaiting)
+        else:
+            span.ended(begun.outcome)
+    return begun
 
 
-def _attempt(
-    step: WorkflowStep, chain: Chain | None
-) -> tuple[WorkflowStep, StepOutcome | Awaiting[StepOutcome]] | StepOutcome | None:
+def _attempt(step: WorkflowStep, chain: Chain | None) -> Begun:
     """The guards and the body of a claimed attempt known to be in progress (:func:`begin_step`)."""
     run = step.run
     cls = handle_class(run.workflow_class)
@@ -101,18 +127,22 @@ def _attempt(
     definition = cls.step_definition(step.step_name)
     outcome = _guard(workflow, step)
     if outcome is None and definition is not None and definition.atomic:
-        return execute_atomic(workflow, step, chain)
+        applied = execute_atomic(workflow, step, chain)
+        return NOTHING if applied is None else Begun("applied", outcome=applied)
     context = StepContext(step=step)
     if outcome is None and definition is not None and definition.wait_for:
         gate = with_reconnect(lambda: _gate(workflow, step, definition.wait_for, definition.wait_timeout))
         if gate is None:
-            return None  # parked until a signal, or no longer in progress
+            return NOTHING  # parked until a signal, or no longer in progress
         if isinstance(gate, StepOutcome):
-            return step, gate  # its wait_timeout could not be computed
+            return Begun("to_apply", outcome=gate)  # its wait_timeout could not be computed
         context = gate
     if outcome is None:
-        return step, start_body(workflow, context)
-    return step, outcome
+        started = start_body(workflow, context)
+        if isinstance(started, Awaiting):
+            return Begun("awaiting", awaiting=started)
+        return Begun("to_apply", outcome=started)
+    return Begun("to_apply", outcome=outcome)
 
 
 def _still_in_progress(step: WorkflowStep) -> bool:

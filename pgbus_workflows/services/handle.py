@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..conf import settings
 from ..dsl.declared import DeclaredWorkflow, registry
+from ..dsl.definitions import AttemptRoute
 from ..exceptions import ConfigurationError
 from .payload import load_subject
 
@@ -55,12 +56,38 @@ class RunHandle(DeclaredWorkflow):
         return False
 
     @classmethod
-    def _attempt_route(cls, definition: StepDefinition, run: WorkflowRun) -> tuple[str, int]:
-        """``(queue, priority)`` of a new attempt of ``definition`` in ``run``: the step's, else the
-        class's ``step_options``, else ``DEFAULT_QUEUE`` and 0. (A task routes by its run.)"""
+    def route_attempt(cls, definition: StepDefinition, run: WorkflowRun) -> AttemptRoute:
+        """The queue and priority of each new attempt of the step ``definition`` in ``run``.
+
+        By default the step's ``queue=`` and ``priority=``, else the class's ``step_options``,
+        else ``DEFAULT_QUEUE`` and 0. Override it to route by the run (its ``arguments``, its
+        ``workflow_class``), as the task backend routes each task by its ``queue_name`` and
+        ``priority``; call ``super().route_attempt(definition, run)`` for the default. It runs
+        while the run's row is locked, for every attempt scheduled (reattempts included): keep
+        it to reading ``definition`` and ``run``, no query. A queue that is not a non-empty
+        string or a priority that is not an integer raises ``ConfigurationError``.
+        """
         queue = definition.queue or cls.step_options.get("queue") or settings.DEFAULT_QUEUE
         priority = definition.priority
-        return queue, cls.step_options.get("priority", 0) if priority is None else priority
+        return AttemptRoute(queue, cls.step_options.get("priority", 0) if priority is None else priority)
+
+
+def attempt_route(cls: type[RunHandle], definition: StepDefinition, run: WorkflowRun) -> AttemptRoute:
+    """``cls.route_attempt``'s route, checked: ``ConfigurationError`` naming the class when it is not one."""
+    route = cls.route_attempt(definition, run)
+    if (
+        not isinstance(route, tuple)
+        or len(route) != 2
+        or not isinstance(route[0], str)
+        or not route[0]
+        or not isinstance(route[1], int)
+        or isinstance(route[1], bool)
+    ):
+        raise ConfigurationError(
+            f"{cls.__module__}.{cls.__qualname__}.route_attempt returned {route!r} for step "
+            f"{definition.name!r}: return AttemptRoute(queue, priority), a non-empty queue name and an int"
+        )
+    return AttemptRoute(*route)
 
 
 def handle_class(name: str) -> type[RunHandle]:

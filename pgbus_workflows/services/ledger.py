@@ -30,7 +30,7 @@ from ..states import (
     unless_paused,
 )
 from . import limiting
-from .handle import handle_class
+from .handle import attempt_route, handle_class
 from .lineage import end_parent_job, settle_after_commit
 from .payload import storable_text
 
@@ -241,7 +241,7 @@ class RunLedger:
         self, definition: StepDefinition, attempt: int, wait: timedelta, retry_of: WorkflowStep | None = None
     ) -> WorkflowStep:
         """An attempt of ``definition`` due after ``wait``, unsaved (:meth:`schedule` inserts one)."""
-        queue, priority = self.cls._attempt_route(definition, self.run)
+        queue, priority = attempt_route(self.cls, definition, self.run)
         carry = (
             bool(definition.wait_for)
             and retry_of is not None

@@ -17,7 +17,7 @@ import itertools
 import re
 import threading
 import weakref
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from typing import Any
 
@@ -148,7 +148,7 @@ def bound_cursor(*, timestamps: bool = True) -> Iterator[Any]:
         yield bound
 
 
-def fetch_in_index_order(text: str, params: list[Any]) -> list[tuple[Any, ...]]:
+def fetch_in_index_order(text: str, params: list[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Run one statement planned on indexes, as is every later one of its transaction; its rows.
 
     Only in a transaction of the caller's own: in autocommit (the statement is its
@@ -205,7 +205,8 @@ class PreparedCursor(psycopg.RawCursor[Any]):
     """A server-binding cursor for the app's statements: placeholders numbered once, arrays in binary.
 
     It prepares its statements where :func:`prepare_statements` allows it. The statements are
-    written with psycopg's ``%s``/``%b`` placeholders; :func:`numbered` turns each text into
+    written with psycopg's ``%s``/``%b`` placeholders, or its named ``%(name)s`` ones with a
+    mapping; :func:`numbered` turns each text into
     PostgreSQL's ``$1, $2, ...`` once, so psycopg parses nothing per call (its own cache of
     converted queries leaves out any with more than 50 parameters, as a batch of rows has).
     Every parameter then takes its type's automatic format, and lists the binary one (a
@@ -227,7 +228,10 @@ class PreparedCursor(psycopg.RawCursor[Any]):
         """Run ``query``, prepared where allowed (Django's wrapper passes no ``prepare``)."""
         if prepares(self._conn):
             kwargs.setdefault("prepare", True)
-        return super().execute(numbered(query), params, **kwargs)
+        text, names = _numbering(query)
+        if names:
+            params = in_order(names, params)
+        return super().execute(text, params, **kwargs)
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
         """Run ``query`` once per parameter set (numbered as :meth:`execute`)."""
@@ -262,30 +266,63 @@ def prepares(conn: psycopg.Connection[Any]) -> bool:
     return known
 
 
-#: psycopg's placeholders (and its escaped percent sign) in the app's statements.
-_PLACEHOLDER = re.compile(r"%(.)", re.DOTALL)
-_numbered: dict[str, str] = {}
+#: psycopg's placeholders, named ones included (and its escaped percent sign), in the app's statements.
+_PLACEHOLDER = re.compile(r"%(\(\w+\)s|.)", re.DOTALL)
+#: Each statement's numbered text and the names of its ``$1, $2, ...`` (empty: positional placeholders).
+_numbered: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 
 def numbered(query: str) -> str:
-    """``query`` with its ``%s``/``%b``/``%t`` placeholders as ``$1, $2, ...`` and ``%%`` as ``%`` (cached).
+    """``query`` with its ``%s``/``%b``/``%t`` or ``%(name)s`` placeholders as ``$1, $2, ...`` and ``%%`` as ``%``.
 
-    Raises ``ValueError`` for any other ``%`` sequence, as psycopg would for its own placeholders.
+    A name used more than once is one parameter. Cached. Raises ``ValueError`` for any other
+    ``%`` sequence, as psycopg would for its own placeholders, and for named and positional
+    placeholders in one statement.
     """
-    text = _numbered.get(query)
-    if text is None:
+    return _numbering(query)[0]
+
+
+def _numbering(query: str) -> tuple[str, tuple[str, ...]]:
+    """:func:`numbered`'s text and the names its parameters are bound in order (see :func:`in_order`)."""
+    found = _numbered.get(query)
+    if found is None:
         count = itertools.count(1)
+        names: dict[str, str] = {}
+        positional = False
 
         def number(match: re.Match[str]) -> str:
+            nonlocal positional
             kind = match.group(1)
             if kind == "%":
                 return "%"
+            if kind.startswith("("):
+                name = kind[1:-2]
+                if name not in names:
+                    names[name] = f"${next(count)}"
+                return names[name]
             if kind not in "sbt":
-                raise ValueError(f"only %s, %b, %t and %% may follow a % sign in a statement, got %{kind}")
+                raise ValueError(f"only %s, %b, %t, %(name)s and %% may follow a % sign in a statement, got %{kind}")
+            positional = True
             return f"${next(count)}"
 
-        text = _numbered[query] = _PLACEHOLDER.sub(number, query)
-    return text
+        text = _PLACEHOLDER.sub(number, query)
+        if positional and names:
+            raise ValueError("a statement takes named placeholders or positional ones, not both")
+        found = _numbered[query] = (text, tuple(names))
+    return found
+
+
+def in_order(names: tuple[str, ...], params: Mapping[str, Any]) -> list[Any]:
+    """The values of a statement's named placeholders as a list, in the order :func:`numbered` numbered them.
+
+    Raises ``KeyError`` naming a placeholder the mapping lacks.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"a statement of named placeholders takes a mapping, not {type(params).__name__}")
+    try:
+        return [params[name] for name in names]
+    except KeyError as error:
+        raise KeyError(f"no value for the statement's placeholder %({error.args[0]})s") from None
 
 
 def pipelined_cursor(*, timestamps: bool = True) -> Any:

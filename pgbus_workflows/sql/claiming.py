@@ -6,7 +6,9 @@ the same helpers: names quoted by the backend, status values from the ``TextChoi
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..states import JobStatus, RunStatus, StepStatus, check_run_transition, job_event, step_event
@@ -40,14 +42,14 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     code, so a step stays claimable within its rows' limits after a deploy removes the
     declaration it was scheduled under. A step of a class without limits reads no limiter row.
 
-    Placeholders, in order: now (the limiters' clock); the ``unknown`` pairs; now; (``queues``) an array of queue names;
-    the limit, twice (a priority's, the claim's); the catalog (jsonb, ``{class: [step
-    names]}``); now, the claimant, now and the default stall threshold (the attempts); now
-    (the runs); the event's columns, but for its run and step, with its details merged after
-    the attempt's number; how many due steps under limits to look at for parking; the look-ahead's.
-    Returns one row (nothing due) or one per locked step: a flag to ignore, the look-ahead's
-    two values, how many steps it parked and put back, the step's class and name, the claimed
-    run's and attempt's columns (NULL when the step was left unclaimed).
+    Placeholders, by name (:func:`claim_parameters` builds their mapping): ``now`` (the
+    limiters' clock, the attempts' start and stall, the runs' move, the look-ahead's),
+    ``due_by``, ``queues`` (when ``queues``: an array of queue names), ``limit`` (a
+    priority's, the claim's, and how many due steps under limits to look at for parking),
+    ``catalog`` (jsonb, ``{class: [step names]}``), ``claimed_by``, ``stall_threshold``, the
+    ``unknown`` pairs (``unknown_class_<i>``, ``unknown_step_<i>``) and the event's columns
+    but for its run and step (``event_<attname>``; its details merged after the attempt's number).
+    Returns one row (nothing due) or one per locked step, read by :meth:`ClaimRow.read`.
 
     Parking (``sql.limiting.park``): of the first due steps under limits, those held back by
     a limiter with no room leave the due range (``parked``), so no claim walks a full key's
@@ -69,16 +71,16 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
         f"s.{step_col('status')} = {literal(StepStatus.SCHEDULED)}",
         f"NOT s.{step_col('held')}",  # a paused run's: after the claimable ones, never read
         "NOT s.parked",  # held back by a limit with no room: after them too, until put back
-        f"s.{step_col('scheduled_at')} <= %s",
+        f"s.{step_col('scheduled_at')} <= %(due_by)s",
     ]
     if queues:
-        where.append(f"s.{step_col('queue')} = ANY(%s)")
+        where.append(f"s.{step_col('queue')} = ANY(%(queues)s)")
     of_run = [
         f"r.{pk(conn, WorkflowRun)} = s.{step_col('run')}",
         f"(r.{run_col('status')} = {literal(ready)}) IS TRUE",
     ]
     if unknown:  # left out before the lock: a run is locked only when its step may be claimed
-        pairs = ", ".join(["(%s, %s)"] * unknown)
+        pairs = ", ".join(f"(%(unknown_class_{i})s, %(unknown_step_{i})s)" for i in range(unknown))
         of_run.append(f"(r.{run_col('workflow_class')}, s.{step_col('step_name')}) NOT IN (VALUES {pairs})")
     # Each step's run is read and locked by its primary key alone, whatever the statistics:
     # a subquery that locks is never merged into the join, and a status test no index can
@@ -106,20 +108,21 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
         f"FROM {steps} s {lateral}CROSS JOIN LATERAL ({run}) r "
         f"WHERE s.{step_col('priority')} = p.priority AND {' AND '.join(where)} "
         f"ORDER BY s.{step_col('scheduled_at')}, s.{pk(conn, WorkflowStep)} "
-        "LIMIT %s FOR UPDATE OF s SKIP LOCKED"
+        "LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED"
     )
-    due = f"SELECT d.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) d LIMIT %s"
+    due = f"SELECT d.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) d LIMIT %(limit)s"
     # Of the steps of one key, those past its room are left for a later claim.
     runnable = f"SELECT * FROM known WHERE step_key NOT IN ({limiting.over_room('known')})"
     timeout = step_col("timeout")
     attempts = (
-        f"UPDATE {steps} s SET {step_col('status')} = {literal(claimed)}, {step_col('started_at')} = %s, "
-        f"{step_col('claimed_by')} = %s, {step_col('stall_at')} = %s + COALESCE(NULLIF(s.{timeout}, "
-        f"interval '0'), %s) WHERE s.{pk(conn, WorkflowStep)} = ANY(ARRAY(SELECT step_key FROM runnable)) "
+        f"UPDATE {steps} s SET {step_col('status')} = {literal(claimed)}, {step_col('started_at')} = %(now)s, "
+        f"{step_col('claimed_by')} = %(claimed_by)s, {step_col('stall_at')} = %(now)s + COALESCE(NULLIF(s.{timeout}, "
+        f"interval '0'), %(stall_threshold)s) "
+        f"WHERE s.{pk(conn, WorkflowStep)} = ANY(ARRAY(SELECT step_key FROM runnable)) "
         f"RETURNING {columns(conn, WorkflowStep, 's.')}"
     )
     moved = (
-        f"UPDATE {runs} r SET {run_col('status')} = {literal(performing)}, {run_col('status_changed_at')} = %s, "
+        f"UPDATE {runs} r SET {run_col('status')} = {literal(performing)}, {run_col('status_changed_at')} = %(now)s, "
         f"{run_col('paused_reason')} = '' WHERE r.{pk(conn, WorkflowRun)} = ANY(ARRAY(SELECT run_key FROM runnable)) "
         f"RETURNING {columns(conn, WorkflowRun, 'r.')}"
     )
@@ -132,29 +135,105 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
         elif field.attname == "step_id":
             values.append(f"a.{pk(conn, WorkflowStep)}")
         elif field.attname == "details":
-            values.append(f"jsonb_build_object('attempt', a.{step_col('attempt')}) || %s")
+            values.append(f"jsonb_build_object('attempt', a.{step_col('attempt')}) || %(event_details)s")
         else:
-            values.append("%s")
+            values.append(f"%(event_{field.attname})s")
     names = ", ".join(quote(conn, f.column) for f in WorkflowEvent._meta.concrete_fields if not f.primary_key)
     started = f"INSERT INTO {events} ({names}) SELECT {', '.join(values)} FROM attempts a"
     # A volatile call keeps the CTE apart (evaluated once); it is selected so it is evaluated at all.
     flag = "set_config('synchronous_commit', 'off', true)" if without_flush else "NULL::text"
     ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues)}) l(next_due_at, jobs_due)"
-    known = "SELECT * FROM due WHERE (%s::jsonb -> class_name) ? step_name"
+    known = "SELECT * FROM due WHERE (%(catalog)s::jsonb -> class_name) ? step_name"
+    head = ", ".join(f"{expression} AS {name}" for name, expression in _HEAD.items())
     return (
-        "WITH RECURSIVE limit_clock AS (SELECT %s::timestamptz AS at), "
+        "WITH RECURSIVE limit_clock AS (SELECT %(now)s::timestamptz AS at), "
         f"{priorities(conn, 'priorities', WorkflowStep)}, {priorities(conn, 'job_priorities', FanOutJob)}, "
         f"due AS ({due}), known AS ({known}), runnable AS ({runnable}), "
         f"taken AS ({limiting.take(conn, 'runnable', at)}), attempts AS ({attempts}), moved AS ({moved}), "
-        f"started AS ({started}), {limiting.park(conn, at, 'due')}, {limiting.unpark(conn, at)}, "
+        f"started AS ({started}), {limiting.park(conn, at, 'due', limit='%(limit)s')}, {limiting.unpark(conn, at)}, "
         f"ahead AS ({ahead}) "
-        "SELECT ahead.flag, ahead.next_due_at, ahead.jobs_due, (SELECT count(*) FROM parked), "
-        "(SELECT count(*) FROM unparked), due.class_name, due.step_name, "
-        f"{columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
+        f"SELECT {head}, {columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
         "FROM ahead LEFT JOIN due ON true "
         f"LEFT JOIN moved m ON m.{pk(conn, WorkflowRun)} = due.run_key "
         f"LEFT JOIN attempts a ON a.{pk(conn, WorkflowStep)} = due.step_key"
     )
+
+
+#: The claim's result columns before the claimed run's and attempt's: name -> expression, in
+#: :class:`ClaimRow`'s order (``tests/sql/test_sql.py`` holds the two together).
+_HEAD = {
+    "flag": "ahead.flag",  # set_config's value, read for its effect only
+    "next_due_at": "ahead.next_due_at",
+    "jobs_due": "ahead.jobs_due",
+    "parked": "(SELECT count(*) FROM parked)",
+    "put_back": "(SELECT count(*) FROM unparked)",
+    "class_name": "due.class_name",
+    "step_name": "due.step_name",
+}
+
+
+class ClaimRow(NamedTuple):
+    """One row of :func:`claim_steps`' result, by name: the look-ahead, the parking, one locked step.
+
+    The look-ahead's and the parking's values are the same on every row. A row without
+    ``class_name`` says nothing was due; a row without ``run`` and ``step`` is a locked step
+    left unclaimed (its key past its room in this claim, or its pair unknown to this process).
+    """
+
+    flag: str | None
+    #: The earliest future step or job (``look_ahead``), None when nothing waits.
+    next_due_at: datetime | None
+    #: Whether a job is due now.
+    jobs_due: bool
+    #: How many held-back steps this claim parked.
+    parked: int
+    #: How many parked steps it put back.
+    put_back: int
+    #: The locked step's class (None: nothing was due).
+    class_name: str | None
+    #: The locked step's name.
+    step_name: str | None
+    #: The claimed run's columns (``WorkflowRun``'s concrete fields), None when left unclaimed.
+    run: Sequence[Any] | None
+    #: The claimed attempt's columns (``WorkflowStep``'s), None when left unclaimed.
+    step: Sequence[Any] | None
+
+    @classmethod
+    def read(cls, row: Sequence[Any]) -> ClaimRow:
+        """The named row of one result row, as :func:`claim_steps` selects its columns."""
+        head = len(_HEAD)
+        split = head + len(WorkflowRun._meta.concrete_fields)
+        claimed = row[head] is not None  # the run's primary key
+        return cls._make([*row[:head], row[head:split] if claimed else None, row[split:] if claimed else None])
+
+
+def claim_parameters(
+    *,
+    now: datetime,
+    due_by: datetime,
+    queues: list[str] | None,
+    limit: int,
+    catalog: Any,
+    claimed_by: str,
+    stall_threshold: Any,
+    unknown: Sequence[tuple[str, str]],
+    event: dict[str, Any],
+) -> dict[str, Any]:
+    """The mapping of :func:`claim_steps`' named placeholders (``event``: ``{attname: prepared value}``)."""
+    params: dict[str, Any] = {
+        "now": now,
+        "due_by": due_by,
+        "limit": limit,
+        "catalog": catalog,
+        "claimed_by": claimed_by,
+        "stall_threshold": stall_threshold,
+    }
+    if queues is not None:
+        params["queues"] = queues
+    for index, (class_name, step_name) in enumerate(unknown):
+        params[f"unknown_class_{index}"], params[f"unknown_step_{index}"] = class_name, step_name
+    params.update({f"event_{attname}": value for attname, value in event.items()})
+    return params
 
 
 @builds("index_order_scans")
@@ -260,27 +339,27 @@ def look_ahead(conn: Any, queues: bool) -> str:
     ``priorities`` and ``job_priorities`` (:func:`priorities`), and in each priority's range
     of the due index the first step due later whose run is ready, the first job due later,
     and whether one is due now: a few index pages, however many wait for later.
-    Placeholders: the claim's ``now``, then (``queues``) an array of queue names, three
-    times: the steps due later, the jobs due later, the jobs due now. Only what is due *after* ``now`` counts: a
+    Placeholders: the claim's, ``now`` and (``queues``) ``queues``. Only what is due *after* ``now`` counts: a
     step due now that the claim passed over is held by another transaction (whose commit
     sends a ``NOTIFY``) or waits for newer code, and must not make the loop spin on it.
     """
     steps, runs, jobs = table(conn, WorkflowStep), table(conn, WorkflowRun), table(conn, FanOutJob)
-    in_queues = " AND {}queue = ANY(%s)" if queues else ""
+    in_queues = " AND {}queue = ANY(%(queues)s)" if queues else ""
     pending = literal(JobStatus.PENDING)
     first_later = (
         f"SELECT s.scheduled_at FROM {steps} s WHERE s.status = {literal(StepStatus.SCHEDULED)} "
-        f"AND s.priority = p.priority AND NOT s.held AND NOT s.parked AND s.scheduled_at > %s{in_queues.format('s.')} "
+        "AND s.priority = p.priority AND NOT s.held AND NOT s.parked "
+        f"AND s.scheduled_at > %(now)s{in_queues.format('s.')} "
         f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) = {literal(RunStatus.READY)} "
         "ORDER BY s.scheduled_at LIMIT 1"
     )
     job_later = (
         f"SELECT scheduled_at FROM {jobs} WHERE status = {pending} AND priority = p.priority "
-        f"AND scheduled_at > %s{in_queues.format('')} ORDER BY scheduled_at LIMIT 1"
+        f"AND scheduled_at > %(now)s{in_queues.format('')} ORDER BY scheduled_at LIMIT 1"
     )
     job_now = (
         f"SELECT 1 FROM {jobs} WHERE status = {pending} AND priority = p.priority "
-        f"AND scheduled_at <= %s{in_queues.format('')} LIMIT 1"
+        f"AND scheduled_at <= %(now)s{in_queues.format('')} LIMIT 1"
     )
     refill = f", {limiting.next_token(conn, '(SELECT at FROM limit_clock)', 'taken')}"
     return (

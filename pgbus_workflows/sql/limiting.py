@@ -82,10 +82,10 @@ def _parked(alias: str) -> str:
     return f"{alias}.status = {literal(StepStatus.SCHEDULED)} AND {alias}.parked"
 
 
-def park(conn: Any, at: str, exclude: str | None = None) -> str:
+def park(conn: Any, at: str, exclude: str | None = None, limit: str = "%s") -> str:
     """CTEs ``park_rows`` and ``parked``: the held-back steps among the first due steps under limits, parked.
 
-    Placeholder: how many of them to read.
+    ``limit``: the placeholder of how many of them to read (a named one in a statement of named placeholders).
 
     Read in due order through the partial index of unparked scheduled steps under limits
     (``pgbus_wf_step_limited``), at most that many: a claim's cost stays bounded whatever
@@ -100,7 +100,7 @@ def park(conn: Any, at: str, exclude: str | None = None) -> str:
     left_out = f" AND y.id NOT IN (SELECT step_key FROM {exclude})" if exclude else ""
     first = (
         f"SELECT y.id FROM {steps} y WHERE y.status = {literal(StepStatus.SCHEDULED)} AND y.limiters IS NOT NULL "
-        f"AND NOT y.held AND NOT y.parked AND y.scheduled_at <= {at}{left_out} ORDER BY y.scheduled_at LIMIT %s"
+        f"AND NOT y.held AND NOT y.parked AND y.scheduled_at <= {at}{left_out} ORDER BY y.scheduled_at LIMIT {limit}"
     )
     full = (
         f"SELECT l.name FROM {limiters} l WHERE l.name = ANY({names}) AND {room(conn, 'l', at)} < 1 "

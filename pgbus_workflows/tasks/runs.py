@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from ..dsl.decorators import step
-from ..dsl.definitions import OnException, StepDefinition
+from ..dsl.definitions import AttemptRoute, OnException, StepDefinition
 from ..models import TASK_CLASS_PREFIX, WorkflowRun
 from ..workflow import Workflow
 from .options import checked_options
@@ -29,9 +29,9 @@ class TaskRun(Workflow):
     alias = ""
 
     @classmethod
-    def _attempt_route(cls, definition: StepDefinition, run: WorkflowRun) -> tuple[str, int]:
+    def route_attempt(cls, definition: StepDefinition, run: WorkflowRun) -> AttemptRoute:
         """A task's attempts go to its ``queue_name``, before lower ``priority`` (ours: lower first)."""
-        return run.arguments["queue_name"], -int(run.arguments["priority"])
+        return AttemptRoute(run.arguments["queue_name"], -int(run.arguments["priority"]))
 
     @step
     def call(self) -> Any:

@@ -101,7 +101,7 @@ def test_a_body_known_to_be_quick_that_runs_long_has_the_outcomes_before_it_writ
     held = Held.start()
     claimed = claim_due_steps(10, claimed_by="w")
     assert [step.step_name for step in claimed] == ["quick", "held"]
-    first = pool._lanes[0]
+    first = pool.taking.lanes[0]
     pool.hand_out(claimed, verify=False, lane=first)  # both on one worker's lane, in this order
 
     eventually(ENTERED.is_set, what="the held body to start")

@@ -58,7 +58,7 @@ def test_steps_arriving_one_at_a_time_run_on_the_warm_worker_not_on_each_of_sixt
         step = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
         pool.hand_out([claim_step(step.pk, claimed_by="w")], verify=True)
         eventually(lambda wf=wf: wf.reload().status == "finished", what="the run to finish")
-        eventually(lambda: len(pool._idle) == 16, what="every worker idle again")
+        eventually(lambda: len(pool.taking._idle) == 16, what="every worker idle again")
 
     # The worker that worked last is woken each time; the longest idle would be each of the sixteen in turn.
     assert len(writers) == 1 and sum(writers.values()) == 90, writers
@@ -77,7 +77,7 @@ def test_a_burst_of_quick_steps_runs_on_about_four_of_sixteen_workers(pool_of, m
     warm = NoOp3.start()
     pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # the pool learns its bodies are quick
     eventually(lambda: warm.reload().status == "finished", what="the warm-up run")
-    eventually(lambda: len(pool._idle) == 16, what="every worker idle again")
+    eventually(lambda: len(pool.taking._idle) == 16, what="every worker idle again")
     runners.clear()
 
     burst = [NoOp3.start() for _ in range(60)]
@@ -107,7 +107,7 @@ def test_a_claim_of_quick_steps_is_shared_in_chunks_of_the_four_awake_whatever_t
     warm = NoOp3.start()
     pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)  # the pool learns its bodies are quick
     eventually(lambda: warm.reload().status == "finished", what="the warm-up run")
-    eventually(lambda: len(pool._idle) == size, what="every worker idle again")
+    eventually(lambda: len(pool.taking._idle) == size, what="every worker idle again")
 
     burst = [NoOp3.start() for _ in range(60)]
     pool.hand_out(claim_due_steps(60, claimed_by="w"), verify=True)
@@ -149,7 +149,7 @@ def test_a_claim_handed_to_an_idle_worker_starts_without_a_re_check_and_queued_o
     monkeypatch.setattr(taking_module, "still_in_progress", counted)  # a chunk of the shared queue
     monkeypatch.setattr(executor, "still_in_progress", counted)  # a claim run with verify=True
     pool = pool_of(1)
-    eventually(lambda: len(pool._idle) == 1, what="the worker idle")
+    eventually(lambda: len(pool.taking._idle) == 1, what="the worker idle")
     wf = NoOp3.start()
     (fresh,) = claim_due_steps(1, claimed_by="w")
     pool.hand_out([fresh], verify=True)  # the worker is idle: it takes the claim in hand and starts it

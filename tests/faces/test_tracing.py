@@ -231,6 +231,55 @@ class AttemptSpanTests(WorkflowTestMixin, TestCase):
         self.assertEqual(kept, ",".join(f"v{i:02d}={'y' * 40}" for i in range(11)))  # 11 * 45 - 1 = 494
 
 
+class Ended:
+    """An outcome as the span reads one."""
+
+    def __init__(self, kind, error=None):
+        self.kind, self.error = kind, error
+
+
+@pytest.mark.django_db
+def test_an_attempt_span_is_current_inside_and_ends_with_the_outcome_it_was_told():
+    Counted.start()
+    attempt = WorkflowStep.objects.select_related("run").get()
+    with tracing.attempt_span(attempt) as span:
+        inside = trace.get_current_span()
+        span.ended(Ended("stall", TimeoutError("past its timeout")))
+    (ended,) = attempt_spans()
+    assert inside.get_span_context().span_id == ended.context.span_id
+    assert ended.attributes["pgbus_workflows.outcome"] == "stall"
+    assert ended.status.description == "TimeoutError: past its timeout"
+
+
+@pytest.mark.django_db
+def test_an_exception_out_of_an_attempt_span_ends_it_with_the_exception_and_goes_on():
+    Counted.start()
+    attempt = WorkflowStep.objects.select_related("run").get()
+    with pytest.raises(KeyError), tracing.attempt_span(attempt):
+        raise KeyError("lost")
+    (ended,) = attempt_spans()
+    assert [event.name for event in ended.events] == ["exception"]
+    assert ended.end_time is not None
+
+
+@pytest.mark.django_db
+def test_an_attempt_span_told_it_settles_later_ends_when_it_is_settled():
+    Counted.start()
+    attempt = WorkflowStep.objects.select_related("run").get()
+    callbacks = []
+
+    class Later:
+        def when_settled(self, callback):
+            callbacks.append(callback)
+
+    with tracing.attempt_span(attempt) as span:
+        span.settles_later(Later())
+    assert attempt_spans() == []
+    callbacks[0](Ended("success"))
+    (ended,) = attempt_spans()
+    assert ended.attributes["pgbus_workflows.outcome"] == "success"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp_path):
     spans = tmp_path / "spans.jsonl"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pgbus_workflows.management.terminal import MAX_CELL
+from pgbus_workflows.operating.terminal import MAX_CELL
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.management.test_cli import cli, ready, wid
 from tests.testapp.workflows import Squares

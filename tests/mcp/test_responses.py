@@ -13,10 +13,10 @@ import pytest
 from django.test import override_settings
 
 from pgbus_workflows import Concurrency, Debounce, RateLimit, Workflow, step
-from pgbus_workflows.management.operating import Operator
 from pgbus_workflows.mcp.acting import Acting
 from pgbus_workflows.mcp.responses import PLACEHOLDER, REDACTED_FIELDS, redact
 from pgbus_workflows.mcp.server import READ_ONLY, Tools, offering
+from pgbus_workflows.operating.operators import Operator
 from pgbus_workflows.services.claims import claim_due_steps
 from tests.management.test_cli import helpers, paused_on_error, wid
 from tests.mcp.session import answered, call, call_all, text

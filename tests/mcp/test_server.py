@@ -20,11 +20,11 @@ from mcp.types import ServerCapabilities
 
 from pgbus_workflows.checks import check_settings
 from pgbus_workflows.conf import settings as wf_settings
-from pgbus_workflows.management.operating import Operator
 from pgbus_workflows.mcp import build_server
 from pgbus_workflows.mcp.acting import Acting
 from pgbus_workflows.mcp.arguments import MAX_LIMIT, MAX_PAGE
 from pgbus_workflows.mcp.server import READ_ONLY, Tools, offering
+from pgbus_workflows.operating.operators import Operator
 from tests.mcp.session import answered, call_all, listed_tools, text
 from tests.procs import database_url
 from tests.testapp.workflows import ThreeSteps

@@ -25,7 +25,7 @@ from pgbus_workflows.models import (
 
 PUBLIC = {
     "pgbus_workflows.metrics": ["DatabaseCollector", "install", "metrics_view", "serve"],
-    "pgbus_workflows.tracing": ["available", "carrier", "traced_attempt"],
+    "pgbus_workflows.tracing": ["AttemptSpan", "attempt_span", "available", "carrier"],
     "pgbus_workflows.testing": ["WorkflowTestMixin", "tick_schedules"],
     "pgbus_workflows.services.schedules": ["pause", "resume", "fire_now"],
     # Not in the docs, but the tests and bench start dispatchers in-process through it.

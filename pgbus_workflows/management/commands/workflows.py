@@ -5,8 +5,8 @@
 reporting done or refused (exit 1 if any was refused). ``health`` gives the verdict of
 :mod:`pgbus_workflows.services.health` and its reasons (exit 1 when not healthy).
 ``schedules list|pause|resume|fire-now`` does the same for schedules
-(:mod:`pgbus_workflows.management.schedules`). ``--json`` prints one JSON document.
-Who acts and what they may do: :mod:`pgbus_workflows.management.operating`.
+(:mod:`pgbus_workflows.operating.schedules`). ``--json`` prints one JSON document.
+Who acts and what they may do: :mod:`pgbus_workflows.operating.operators`.
 """
 
 from __future__ import annotations
@@ -23,14 +23,8 @@ from ...admin.forms import MAX_REASON_LENGTH
 from ...admin.operations import OPERATIONS
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
 from ...models.reading import reading
-from ...services.health import check_health
-from ...services.payload import encode_payload
-from ...services.signals import check_signal_input
-from ...services.stuck import STUCK_REASONS
-from ...sql.replica import read_lag
-from ...states import RunStatus
-from ..operating import Operator, Result, operate, show_page
-from ..runs import (
+from ...operating.operators import Operator, Result, operate, show_page
+from ...operating.runs import (
     RunNotFound,
     Subject,
     find_run,
@@ -38,8 +32,14 @@ from ..runs import (
     run_row,
     with_latest_attempt,
 )
-from ..schedules import SCHEDULE_VERBS, ScheduleCommands, add_schedule_commands
-from ..terminal import RUN_COLUMNS, health_lines, run_page, table, to_json
+from ...operating.schedules import SCHEDULE_VERBS, ScheduleCommands, add_schedule_commands
+from ...operating.terminal import RUN_COLUMNS, health_lines, run_page, table, to_json
+from ...services.health import check_health
+from ...services.payload import encode_payload
+from ...services.signals import check_signal_input
+from ...services.stuck import STUCK_REASONS
+from ...sql.replica import read_lag
+from ...states import RunStatus
 from .run_workflow_dispatcher import positive_int
 
 #: Subcommand -> the operator verb it calls (``resume --at`` calls ``resume_at``).

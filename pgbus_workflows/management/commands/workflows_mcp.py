@@ -6,13 +6,12 @@ its stdin and stdout; the tools are :mod:`pgbus_workflows.mcp`'s. Needs the ``mc
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from ..operating import Operator
+from ...operating.operators import Operator
 
 INSTALL = 'pip install "pgbus-workflows[mcp]"'
 ACTING = """Without --as-user the tools act as a trusted system operator (whoever can start
@@ -34,9 +33,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         """Check ``--as-user`` once, then serve until the client closes stdin."""
         try:
-            # By name: the package needs the optional SDK, and it imports this package's
-            # modules (the CLI's reads and verbs), which must not import it back.
-            tools = importlib.import_module("pgbus_workflows.mcp")
+            # Here, not at the top: the package needs the optional SDK, and a missing SDK
+            # must say how to install it rather than fail Django's loading of the command.
+            from ... import mcp as tools
         except ModuleNotFoundError as error:
             if error.name != "mcp" and not (error.name or "").startswith("mcp."):
                 raise

@@ -2,7 +2,7 @@
 
 A schedule is named by its id (``list`` shows it) or by ``CLASS:NAME``. The verbs are
 ``services.schedules.pause``, ``resume`` and ``fire_now``, as the schedule admin's buttons call
-them. Who acts is the run verbs' :class:`~pgbus_workflows.management.operating.Operator`: the
+them. Who acts is the run verbs' :class:`~pgbus_workflows.operating.operators.Operator`: the
 trusted shell (``--actor``), or with ``--as-user`` a Django user asked as the schedule admin
 asks (``WorkflowScheduleAdmin.may_operate``: the verb's permission, pause or fire, and the
 view permission on the schedule).
@@ -23,7 +23,7 @@ from ..dsl.declared import registry
 from ..exceptions import WorkflowError
 from ..models import WorkflowSchedule
 from ..services import schedules as verbs
-from .operating import Operator
+from .operators import Operator
 from .terminal import table, to_json
 
 #: Subcommand -> the verb of ``services.schedules`` it calls.

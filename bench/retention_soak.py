@@ -7,13 +7,16 @@ In a database of its own: one dispatcher (concurrency 4) with its sweep every 10
 second, one transaction each, as web requests would. The sweep deletes expired runs hourly
 (and at every sweep while a backlog is left): so that a soak of minutes sees many cycles,
 this process runs that cleanup phase (``delete_expired_runs``, ten batches) every 10 s.
-Once a steady state can have come (three retentions and five vacuums), the size of the
+Once a steady state can have come (three retentions, and ten minutes), the size of the
 app's tables with their indexes and TOAST (``pg_total_relation_size``) is read every 30 s;
 the goal (issue #53) is that it grows by no more than 20 % from the first of those readings
 to the largest. Autovacuum is off on this
 project's benchmark server, so the soak vacuums the app's tables every minute, as
 autovacuum's launcher would (``autovacuum_naptime`` is one minute by default); a server with
-autovacuum on needs nothing of the kind. Prints a Markdown table.
+autovacuum on needs nothing of the kind. Vacuum removes no row that a transaction still open
+anywhere on the server might see, so each reading also gives the age of the server's oldest
+snapshot, in transactions: a long one (a bulk load, a forgotten ``BEGIN``) lets the tables
+grow until it ends. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -34,8 +37,13 @@ GROWTH_GOAL = 0.20
 
 
 def warm_up(retention: float) -> float:
-    """Seconds before the first reading: three retentions, and five vacuums (freed space is reused after one)."""
-    return max(3 * retention, 5 * VACUUM_EVERY)
+    """Seconds before the first reading: three retentions, and ten minutes.
+
+    Ten minutes: the indexes' emptied pages are reused only once a vacuum has recycled them
+    after another; at 20 runs/s on the project's machine the sizes stopped growing after 8 to
+    13 minutes (``bench.retention_soak`` with a shorter warm-up shows the climb).
+    """
+    return max(3 * retention, 600.0)
 
 
 def app_tables() -> list[str]:
@@ -69,6 +77,15 @@ def relation_sizes(tables: list[str]) -> dict[str, int]:
             [tables, tables],
         )
         return dict(cursor.fetchall())
+
+
+def horizon_age() -> int:
+    """How many transactions old the server's oldest snapshot is: vacuum keeps every row it may see."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT COALESCE(max(age(backend_xmin)), 0) FROM pg_stat_activity WHERE pid <> pg_backend_pid()")
+        return int(cursor.fetchone()[0])
 
 
 def vacuum(tables: list[str]) -> None:
@@ -107,7 +124,7 @@ def soak(
 
     tables = app_tables()
     process = dispatcher()
-    readings: list[tuple[float, int, int]] = []
+    readings: list[tuple[float, int, int, int]] = []
     try:
         wait_registered(1)
         began = time.monotonic()
@@ -128,7 +145,8 @@ def soak(
                 vacuum(tables)
                 next_vacuum += VACUUM_EVERY
             if now >= next_read:
-                readings.append((now - steady, total_size(tables), WorkflowRun.objects.count()))
+                runs = WorkflowRun.objects.count()
+                readings.append((now - steady, total_size(tables), runs, horizon_age()))
                 last = relation_sizes(tables)
                 first = first or last
                 next_read += READ_EVERY
@@ -151,15 +169,15 @@ def main() -> None:
         readings, relations = soak(args.minutes, args.rate, args.retention)
     finally:
         drop_database()
-    first, largest = readings[0][1], max(size for _, size, _ in readings)
+    first, largest = readings[0][1], max(reading[1] for reading in readings)
     growth = largest / first - 1
     warm = warm_up(args.retention)
     print(f"{args.rate:g} runs/s for {args.minutes:g} min after {warm:.0f} s, RETENTION {args.retention:g} s")
     print()
-    print("| seconds | MB, tables with indexes | runs in the table |")
-    print("|---:|---:|---:|")
-    for seconds, size, runs in readings:
-        print(f"| {seconds:.0f} | {size / 1e6:.1f} | {runs:,} |")
+    print("| seconds | MB, tables with indexes | runs in the table | oldest snapshot, transactions old |")
+    print("|---:|---:|---:|---:|")
+    for seconds, size, runs, horizon in readings:
+        print(f"| {seconds:.0f} | {size / 1e6:.1f} | {runs:,} | {horizon:,} |")
     verdict = "yes" if growth <= GROWTH_GOAL else "no"
     print()
     print(f"Growth from the first reading to the largest: {growth:.0%} (goal <= {GROWTH_GOAL:.0%}: {verdict}).")

@@ -18,6 +18,7 @@ from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import events_of, labels, record, run_next, snapshot, steps_of
 from tests.testapp.jobs import square
 from tests.testapp.models import Order
+from tests.testapp.workflows import Approval
 
 pytestmark = pytest.mark.django_db
 
@@ -272,3 +273,46 @@ class ForkFanOutTests(WorkflowTestMixin, TestCase):
         self.speedrun_workflow(self.complete_fan_out(self.perform_next_step(fork)))
         self.assertWorkflowStatus(fork, "finished")
         assert FanOutJob.objects.filter(run_id=fork.record.pk).count() == 3
+
+
+class ForkSignalTests(WorkflowTestMixin, TestCase):
+    """A wait_for step before from_step is copied without its signal; from it, the fork waits for a new one."""
+
+    def finished_approval(self):
+        wf = self.perform_next_step(Approval.start(Order.objects.create()))
+        self.deliver_signal(wf, "approved", {"amount": 5})
+        self.speedrun_workflow(wf)
+        self.assertWorkflowStatus(wf, "finished")
+        return wf
+
+    def test_a_copied_wait_step_keeps_its_output_and_its_signal_is_not_delivered_again(self):
+        original = self.finished_approval()
+
+        fork = original.fork("done")
+
+        (copied,) = WorkflowStep.objects.filter(run_id=fork.record.pk, step_name="approve")
+        assert (copied.status, copied.output, copied.signal_id) == ("completed", {"amount": 5}, None)
+        assert not fork.signals.exists()
+        self.speedrun_workflow(fork)
+        self.assertWorkflowStatus(fork, "finished")
+        assert fork.outputs["approve"] == {"amount": 5}
+
+    def test_a_fork_from_the_wait_step_waits_for_a_new_signal(self):
+        original = self.finished_approval()
+
+        fork = self.perform_next_step(original.fork("approve"))
+
+        self.assertWorkflowStatus(fork, "waiting")
+        self.deliver_signal(fork, "approved", {"amount": 6})
+        self.speedrun_workflow(fork)
+        assert fork.outputs["approve"] == {"amount": 6}
+
+
+def test_a_run_whose_subject_was_deleted_is_refused():
+    original = failed_in_c(ForkMany)
+    Order.objects.filter(pk=original.record.subject_id).delete()
+
+    with pytest.raises(InvalidTransition, match=r"its subject .* no longer exists"):
+        original.fork("c")
+
+    assert not WorkflowRun.objects.filter(forked_from=original.workflow_id).exists()

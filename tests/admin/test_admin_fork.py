@@ -153,3 +153,14 @@ def test_the_bulk_action_is_refused_without_the_rerun_permission(client, django_
 
     assert 'value="fork_runs"' not in client.get(changelist()).content.decode()
     assert bulk_post(client, [wf], post="yes", from_step="first", reason="x").status_code == 403
+
+
+def test_the_fork_page_marks_the_copied_attempts_with_the_run_they_came_from(forker):
+    wf = finished()
+    fork = wf.fork("second", actor="fiona")
+
+    html = forker.get(run_page(fork)).content.decode()
+
+    copied = f'copied from run <a href="{run_page(wf)}">{wf.workflow_id}</a>'
+    assert html.count(copied) == 1  # "first" only: "second" is the fork's own attempt
+    assert "step_copied" in html

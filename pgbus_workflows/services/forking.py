@@ -11,7 +11,7 @@ no other transaction can see yet, so the only lock it waits for is the original'
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 
@@ -25,7 +25,10 @@ from .ledger import RunLedger
 from .locks import locked_run
 from .operator import DEFAULT_ACTOR
 from .payload import load_subject
-from .start import _new_run
+from .start import new_run
+
+if TYPE_CHECKING:
+    from .handle import RunHandle
 
 #: ``claimed_by`` of a copied attempt: the original run's id follows.
 COPIED_FROM = "copied from "
@@ -42,12 +45,12 @@ def fork(pk: int, from_step: str | None = None, *, actor: str | None = None, rea
     actor = actor or DEFAULT_ACTOR
     with locked_run(pk) as ledger:
         original = ledger.run
-        cls = registry.get(original.workflow_class)
-        if cls is None:
+        if registry.get(original.workflow_class) is None:
             raise InvalidTransition(
                 f"Cannot fork {original.workflow_id}: workflow class {original.workflow_class!r} is not registered "
                 "(not deployed in this code)"
             )
+        cls = ledger.cls  # registered: the class itself, not the bare Workflow a gone class loads as
         steps = cls.step_definitions()
         if not steps:
             raise InvalidTransition(f"Cannot fork {original.workflow_id}: {cls.name} has no steps")
@@ -81,9 +84,9 @@ def fork(pk: int, from_step: str | None = None, *, actor: str | None = None, rea
     return record
 
 
-def _insert_fork(cls: Any, original: WorkflowRun, start: StepDefinition, ledger: RunLedger) -> WorkflowRun:
+def _insert_fork(cls: type[RunHandle], original: WorkflowRun, start: StepDefinition, ledger: RunLedger) -> WorkflowRun:
     """The fork's run row, inserted; :class:`AlreadyRunning` when the subject's one ongoing run is taken."""
-    record = _new_run(cls, start, ledger.now, original.subject_type, original.subject_id, None, original.arguments)
+    record = new_run(cls, start, ledger.now, original.subject_type, original.subject_id, None, original.arguments)
     record.forked_from = original.workflow_id
     try:
         with transaction.atomic():
@@ -103,7 +106,9 @@ def _insert_fork(cls: Any, original: WorkflowRun, start: StepDefinition, ledger:
     return record
 
 
-def _copy_steps(cls: Any, original: WorkflowRun, record: WorkflowRun, before: set[str], ledger: RunLedger) -> list[str]:
+def _copy_steps(
+    cls: type[RunHandle], original: WorkflowRun, record: WorkflowRun, before: set[str], ledger: RunLedger
+) -> list[str]:
     """Copy the original's latest successful attempt of each step in ``before``; returns their names in order."""
     latest: dict[str, WorkflowStep] = {}
     for step in WorkflowStep.objects.filter(run_id=original.pk, outcome=StepOutcomeKind.SUCCESS).order_by("pk"):

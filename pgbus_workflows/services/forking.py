@@ -71,7 +71,7 @@ def fork(pk: int, from_step: str | None = None, *, actor: str | None = None, rea
             details={"arguments": record.arguments, **link},
             transition=("", "", RunStatus.READY),
         )
-        copied = _copy_steps(cls, original, record, before, fork_ledger)
+        copied = _copy_steps(cls, original, record, before, (fork_ledger, actor))
         fork_ledger.event("forked_from", actor=actor, reason=reason, details={**link, "copied_steps": copied})
         fork_ledger.schedule(start, attempt=1, wait=timedelta(0))
         fork_ledger.flush()
@@ -107,9 +107,13 @@ def _insert_fork(cls: type[RunHandle], original: WorkflowRun, start: StepDefinit
 
 
 def _copy_steps(
-    cls: type[RunHandle], original: WorkflowRun, record: WorkflowRun, before: set[str], ledger: RunLedger
+    cls: type[RunHandle], original: WorkflowRun, record: WorkflowRun, before: set[str], audit: tuple[RunLedger, str]
 ) -> list[str]:
-    """Copy the original's latest successful attempt of each step in ``before``; returns their names in order."""
+    """Copy the original's latest successful attempt of each step in ``before``; returns their names in order.
+
+    ``audit``: the fork's ledger, which records a ``step_copied`` event per copy, and the actor.
+    """
+    ledger, actor = audit
     latest: dict[str, WorkflowStep] = {}
     for step in WorkflowStep.objects.filter(run_id=original.pk, outcome=StepOutcomeKind.SUCCESS).order_by("pk"):
         definition = cls.step_definition(step.step_name)  # an attempt under a name its step was renamed from
@@ -138,7 +142,7 @@ def _copy_steps(
         if step.fan_out_total is not None:
             _copy_jobs(step, copy)
         details = {"forked_from": str(original.workflow_id), "original_step_id": step.pk}
-        ledger.event("step_copied", actor=ledger.run.workflow_class, step=copy, details=details)
+        ledger.event("step_copied", actor=actor, step=copy, details=details)
         names.append(name)
     return names
 

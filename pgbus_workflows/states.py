@@ -211,8 +211,8 @@ class RunFacts:
 def allowed_verbs(facts: RunFacts) -> frozenset[str]:
     """The operator verbs a run in this state may take: the services refuse the others.
 
-    ``resume_at`` and ``rerun`` may still be refused for a reason that is not the run's state
-    (an unknown step name; an ongoing run of the same subject, or a deleted subject).
+    ``resume_at``, ``rerun`` and ``fork`` may still be refused for a reason that is not the run's
+    state (an unknown step name; an ongoing run of the same subject, or a deleted subject).
     """
     status, active = facts.status, facts.active_status
     ongoing = status in ONGOING_RUN
@@ -241,6 +241,8 @@ def allowed_verbs(facts: RunFacts) -> frozenset[str]:
             verbs.add("skip")
     if status in TERMINAL_RUN and facts.class_known:
         verbs.add("rerun")
+    if facts.class_has_steps:
+        verbs.add("fork")
     return frozenset(verbs)
 
 

@@ -54,6 +54,29 @@ class ResumeAtForm(ReasonForm):
             step_field.initial = run.current_step
 
 
+class ForkForm(ReasonForm):
+    """Fork a run at one of its class's steps (on a run's page), or at a step named alike for many."""
+
+    from_step = forms.ChoiceField(
+        label=_("From step"),
+        help_text=_("The fork starts at this step; the steps before it keep this run's outputs and do not run again."),
+    )
+    field_order = ["from_step", "reason"]
+
+    def __init__(self, *args: Any, run: WorkflowRun | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, run=run, **kwargs)
+        if run is None:  # the bulk action: one name for runs of any class (each run's class is asked)
+            self.fields["from_step"] = forms.CharField(
+                label=_("From step"),
+                max_length=255,
+                help_text=_("Each selected run is forked at its step of this name; a run without one is left alone."),
+            )
+            return
+        klass = registry.get(run.workflow_class)
+        steps = klass.step_definitions() if klass is not None else ()
+        cast(forms.ChoiceField, self.fields["from_step"]).choices = [(s.name, s.name) for s in steps]
+
+
 class SignalForm(ReasonForm):
     """Deliver a named signal with a JSON payload, as ``wf.signal()`` would."""
 

@@ -32,11 +32,11 @@ from django.utils.translation import gettext_lazy as _
 from .. import states
 from ..exceptions import WorkflowError
 from ..models import WorkflowRun, WorkflowStep
-from ..services import operator
+from ..services import forking, operator
 from ..services.signals import deliver_signal
 from ..sql.counting import estimated_count
 from .display import changelist_url, run_url, status_badge
-from .forms import ReasonForm, ResumeAtForm, SignalForm
+from .forms import ForkForm, ReasonForm, ResumeAtForm, SignalForm
 
 if TYPE_CHECKING:
     from django.contrib.admin import AdminSite
@@ -52,6 +52,7 @@ class Operation:
     label: _StrOrPromise  # the button
     done: _StrOrPromise  # "paused" in "3 paused"
     form_class: type[ReasonForm] = ReasonForm
+    bulk_form_class: type[ReasonForm] = ReasonForm  # the changelist action's confirmation form
 
 
 OPERATIONS: dict[str, Operation] = {
@@ -65,6 +66,8 @@ OPERATIONS: dict[str, Operation] = {
         Operation("signal", "signal", _("Deliver a signal"), _("signalled"), SignalForm),
         Operation("cancel", "cancel", _("Cancel"), _("cancelled")),
         Operation("rerun", "rerun", _("Rerun"), _("rerun")),
+        # A fork starts a new run like a rerun does: the rerun permission governs both.
+        Operation("fork", "rerun", _("Fork"), _("forked"), ForkForm, ForkForm),
     )
 }
 
@@ -79,6 +82,8 @@ def perform(op: Operation, run_pk: int, data: dict[str, Any], actor: str) -> Any
     reason = data.get("reason") or None
     if op.verb == "resume_at":
         return operator.resume_at(run_pk, data["step"], actor=actor, reason=reason)
+    if op.verb == "fork":
+        return forking.fork(run_pk, data.get("from_step") or None, actor=actor, reason=reason)
     if op.verb == "signal":
         return deliver_signal(
             run_pk,
@@ -164,7 +169,7 @@ def bulk_operation(
     op = OPERATIONS[verb]
     if not modeladmin.may_operate(request, op):  # the changelist checks too; this keeps the action safe alone
         raise PermissionDenied
-    form = ReasonForm(request.POST if "post" in request.POST else None)
+    form = op.bulk_form_class(request.POST if "post" in request.POST else None)
     if form.is_valid():
         done, refused = 0, Counter[str]()
         actor = request.user.get_username()
@@ -226,8 +231,13 @@ def operation_view(modeladmin: OperatedAdmin, request: HttpRequest, object_id: s
         if getattr(result, "duplicate_delivery", False):
             message = gettext("A signal with this idempotency key was already delivered: nothing changed.")
             modeladmin.message_user(request, message, messages.WARNING)
-        elif op.verb == "rerun":
-            message = gettext("Rerun started as run %(id)s.") % {"id": result.workflow_id}
+        elif op.verb in ("rerun", "fork"):
+            started = (
+                gettext("Rerun started as run %(id)s.")
+                if op.verb == "rerun"
+                else gettext("Fork started as run %(id)s.")
+            )
+            message = started % {"id": result.workflow_id}
             modeladmin.message_user(request, message, messages.SUCCESS)
             return HttpResponseRedirect(run_url(site, result))
         elif op.verb == "signal":

@@ -25,6 +25,7 @@ from django.utils.translation import gettext as _
 
 from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.children import CHILD_PREFIX
+from ..services.forking import COPIED_FROM
 from ..services.limiting import describe, held_back, undeclared
 from ..sql import clock
 from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
@@ -246,4 +247,15 @@ def _timeline_row(site_name: str, step: WorkflowStep, jobs: dict[int, dict[str, 
         "duration": duration,
         "output": None if step.output is None else pretty_json(step.output),
         "fan_out": fan_out,
+        "copied_from": _copied_from(site_name, step),
     }
+
+
+def _copied_from(site_name: str, step: WorkflowStep) -> dict[str, str] | None:
+    """A fork's copy of an attempt: the run it was copied from, linked while that run is stored (else None)."""
+    if not step.claimed_by.startswith(COPIED_FROM):
+        return None
+    workflow_id = step.claimed_by.removeprefix(COPIED_FROM)
+    original = WorkflowRun.objects.filter(workflow_id=workflow_id).only("pk").first()
+    url = change_url(site_name, "workflowrun", original.pk) if original is not None else ""
+    return {"workflow_id": workflow_id, "url": url}

@@ -39,10 +39,18 @@ from .run_page import run_page_context
 
 #: The run page's header, all read-only.
 RUN_FIELDS: tuple[str, ...] = ("workflow_id", "workflow_class", "subject", "coloured_status", "current_step")
-RUN_FIELDS += ("paused_reason", "arguments_json", "idempotency_key", "debounce_key", "allow_multiple", "rerun_of_link")
+RUN_FIELDS += (
+    "paused_reason",
+    "arguments_json",
+    "idempotency_key",
+    "debounce_key",
+    "allow_multiple",
+    "rerun_of_link",
+    "forked_from_link",
+)
 RUN_FIELDS += ("schedule_link", "scheduled_for", "started_by")
 RUN_READONLY: tuple[str, ...] = ("short_id", "subject", "coloured_status", "attempt", "age", "arguments_json")
-RUN_READONLY += ("rerun_of_link", "schedule_link", "started_by")
+RUN_READONLY += ("rerun_of_link", "forked_from_link", "schedule_link", "started_by")
 
 
 @admin.register(WorkflowRun)
@@ -66,7 +74,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
     search_help_text = _("A workflow id (or its first 8 hex digits or more), a subject id, or an idempotency key.")
     sortable_by = ("short_id",)
     list_per_page = 50
-    actions = ["pause_runs", "resume_runs", "cancel_runs", "rerun_runs", "run_now_runs", "skip_runs"]
+    actions = ["pause_runs", "resume_runs", "cancel_runs", "rerun_runs", "fork_runs", "run_now_runs", "skip_runs"]
     fieldsets = (
         (None, {"fields": RUN_FIELDS}),
         (
@@ -194,13 +202,22 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
     @admin.display(description=_("rerun of"))
     def rerun_of_link(self, run: WorkflowRun) -> Any:
         """The run this one reruns, linked to its page while it is stored, or "-"."""
-        if run.rerun_of is None:
+        return self._run_link(run.rerun_of)
+
+    @admin.display(description=_("forked from"))
+    def forked_from_link(self, run: WorkflowRun) -> Any:
+        """The run this one was forked from (its earlier steps' outputs are that run's), linked, or "-"."""
+        return self._run_link(run.forked_from)
+
+    def _run_link(self, workflow_id: Any) -> Any:
+        """The run ``workflow_id`` linked to its page while it is stored, its id when it is gone, or "-"."""
+        if workflow_id is None:
             return "-"
-        original = WorkflowRun.objects.filter(workflow_id=run.rerun_of).only("pk").first()
+        original = WorkflowRun.objects.filter(workflow_id=workflow_id).only("pk").first()
         if original is None:
-            return str(run.rerun_of)
+            return str(workflow_id)
         return format_html(
-            '<a href="{}">{}</a>', change_url(self.admin_site.name, "workflowrun", original.pk), run.rerun_of
+            '<a href="{}">{}</a>', change_url(self.admin_site.name, "workflowrun", original.pk), workflow_id
         )
 
     # actions: each confirms with a reason, then calls the verb on every selected run
@@ -224,6 +241,11 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
     def rerun_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
         """Start each selected run again with its arguments, with the reason the operator gives."""
         return bulk_operation(self, request, queryset, "rerun")
+
+    @admin.action(permissions=["rerun"], description=_("Fork selected runs at a step"))
+    def fork_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:
+        """Fork each selected run at the step the operator names, with the reason they give."""
+        return bulk_operation(self, request, queryset, "fork")
 
     @admin.action(permissions=["run_now"], description=_("Run the scheduled step of selected runs now"))
     def run_now_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> HttpResponse | None:

@@ -98,6 +98,7 @@ WRITE_TOOLS: dict[ToolBody, ToolAnnotations] = {
     writing.resume_at: CHANGES,
     writing.run_now: CHANGES,
     writing.signal_run: CHANGES,
+    writing.fork_run: CHANGES,
     writing.skip_step: DESTROYS,
     writing.cancel_run: DESTROYS,
 }

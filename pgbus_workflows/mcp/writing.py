@@ -25,6 +25,11 @@ from .arguments import Name, Reason, RunId
 
 #: The step ``resume_at`` resumes at.
 StepName = Annotated[Name, Field(description="The step to resume at: one of the run's class's steps.")]
+#: The step a fork starts at.
+FromStep = Annotated[
+    Name,
+    Field(description="The step the fork starts at: one of the run's class's steps (the steps before it are kept)."),
+]
 #: A signal's name.
 SignalName = Annotated[Name, Field(description="The signal's name: one a step of the run's class waits for.")]
 #: A signal's payload, checked by ``encode_payload`` as the admin's form checks it.
@@ -91,3 +96,14 @@ def signal_run(
         raise ToolError(str(error)) from None
     data = {"reason": reason, "name": name, "payload": payload, "idempotency_key": idempotency_key}
     return take(operator, "signal", workflow_id, data)
+
+
+def fork_run(
+    operator: Operator, workflow_id: RunId, reason: Reason, from_step: FromStep | None = None
+) -> dict[str, Any]:
+    """Start a new run of a run's class, subject and arguments at a step (the first when none is given).
+
+    The steps before it are not run again: the new run keeps this run's outputs for them. The
+    answer's ``new_run`` is the fork's id. Needs the rerun permission.
+    """
+    return take(operator, "fork", workflow_id, {"reason": reason, "from_step": from_step})

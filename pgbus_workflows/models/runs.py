@@ -66,6 +66,8 @@ class WorkflowRun(models.Model):
     idempotency_key = models.CharField(_("idempotency key"), max_length=255, null=True, blank=True)  # noqa: DJ001
     allow_multiple = models.BooleanField(_("allow multiple"), default=False)
     rerun_of = models.UUIDField(_("rerun of"), null=True, blank=True)
+    #: Set on a run ``fork()`` started: the ``workflow_id`` of the run whose earlier steps' outputs it copied.
+    forked_from = models.UUIDField(_("forked from"), null=True, blank=True)
     paused_reason = models.TextField(_("paused reason"), blank=True, default="")
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
     started_at = models.DateTimeField(_("started at"), default=timezone.now)

@@ -174,9 +174,11 @@ def _operate_one(operator: Operator, op: Operation, text: str, data: dict[str, A
         extra = {"signal": signal, "duplicate_delivery": duplicate}
         now = WorkflowRun.objects.get(pk=run.pk)
         return Result(workflow_id, verb, True, message, status=now.status, current_step=now.current_step, extra=extra)
-    if verb == "rerun":
+    if verb in ("rerun", "fork"):
         new = {"new_run": str(outcome.workflow_id), "new_status": outcome.status}
-        message = f"rerun as {outcome.workflow_id}"
+        message = f"{verb} as {outcome.workflow_id}"
+        if verb == "fork":
+            message += f" from step {outcome.current_step}"
         return Result(workflow_id, verb, True, message, status=run.status, current_step=run.current_step, extra=new)
     return Result(workflow_id, verb, True, str(op.done), status=outcome.status, current_step=outcome.current_step)
 

@@ -119,7 +119,7 @@ def _checked(
     return subject_type, subject_id, payload
 
 
-def _new_run(
+def new_run(
     cls: type[RunHandle],
     first: StepDefinition | None,
     now: datetime,
@@ -132,6 +132,7 @@ def _new_run(
     lineage: dict[str, Any] | None = None,
     debounce_key: str | None = None,
 ) -> WorkflowRun:
+    """An unsaved run row of ``cls`` on step ``first``, as a start makes it (``services.forking`` makes a fork's)."""
     return rows.build(
         WorkflowRun,
         workflow_class=cls.name,
@@ -169,7 +170,7 @@ def _insert(
     now = clock.now()
     first = cls.next_step_after(None)
     key = debounce[0] if debounce else None
-    record = _new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick, lineage, key)
+    record = new_run(cls, first, now, subject_type, subject_id, idempotency_key, payload, rerun_of, tick, lineage, key)
     ledger = RunLedger(record, now)
     details: dict[str, Any] = {"arguments": payload}
     if rerun_of is not None:
@@ -322,7 +323,7 @@ def _insert_many(
     now = clock.now()
     lineage_of = lineages or [{}] * len(checked)
     records = [
-        _new_run(cls, first, now, st, si, key, payload, lineage=lineage)
+        new_run(cls, first, now, st, si, key, payload, lineage=lineage)
         for (key, st, si, payload), lineage in zip(checked, lineage_of, strict=True)
     ]
     as_uuid = WorkflowRun._meta.get_field("workflow_id").to_python  # SQLite returns the text

@@ -275,6 +275,16 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
 
         return cast(Self, handle_for(operator.rerun(self.record.pk, actor=actor, reason=reason)))
 
+    def fork(self, from_step: str | None = None, *, actor: str | None = None, reason: str | None = None) -> Self:
+        """Start a new run of this run's class, subject and arguments at ``from_step`` (the first step when None).
+
+        The steps before ``from_step`` are not run again: the fork keeps the outputs of their
+        latest successful attempts here (copied, linked by ``forked_from``).
+        """
+        from ..services import forking  # deferred: this module loads before the app registry
+
+        return cast(Self, handle_for(forking.fork(self.record.pk, from_step, actor=actor, reason=reason)))
+
     @property
     def parent(self) -> Workflow | None:
         """The handle of the run whose fan-out started this one (None for a run started by code)."""

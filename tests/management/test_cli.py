@@ -197,7 +197,7 @@ def test_show_prints_the_run_its_attempts_events_and_the_verbs_it_may_take():
     assert "performing -> paused" in events
     assert "Pending signals: none" in out
     page = json.loads(cli("show", wid(wf), "--json")[0])
-    assert page["allowed_verbs"] == ["resume", "resume_at", "skip", "cancel"]  # the verbs' own names
+    assert page["allowed_verbs"] == ["resume", "resume_at", "skip", "cancel", "fork"]  # the verbs' own names
 
 
 def test_show_json_has_the_attempts_events_pending_signals_and_allowed_verbs():
@@ -213,7 +213,7 @@ def test_show_json_has_the_attempts_events_pending_signals_and_allowed_verbs():
     assert [(s["name"], s["payload"], s["actor"]) for s in page["pending_signals"]] == [
         ("approved", {"amount": 42}, "webhook")
     ]
-    assert page["allowed_verbs"] == ["pause", "skip", "signal", "cancel"]
+    assert page["allowed_verbs"] == ["pause", "skip", "signal", "cancel", "fork"]
 
 
 def test_show_shows_the_latest_attempts_and_events_it_is_asked_for():

@@ -97,7 +97,7 @@ def test_show_run_has_the_run_the_verbs_it_may_take_its_attempts_events_and_pend
     page = answer("show_run", {"workflow_id": wid(wf)[:8]})
     assert page["run"]["workflow_id"] == wid(wf)
     assert (page["run"]["workflow_class"], page["run"]["status"]) == ("fails_first", "paused")
-    assert page["allowed_verbs"] == ["resume", "resume_at", "skip", "cancel"]
+    assert page["allowed_verbs"] == ["resume", "resume_at", "skip", "cancel", "fork"]
     assert [(a["step_name"], a["status"], a["error_class"]) for a in page["attempts"]] == [
         ("flaky", "failed", "RuntimeError")
     ]

@@ -30,7 +30,7 @@ from tests.procs import database_url
 from tests.testapp.workflows import ThreeSteps
 
 READ_TOOLS = {"health", "list_runs", "show_run", "stuck_runs", "insights", "list_schedules"}
-WRITE_TOOLS = {"pause_run", "resume_run", "cancel_run", "skip_step", "resume_at", "run_now", "signal_run"}
+WRITE_TOOLS = {"pause_run", "resume_run", "cancel_run", "skip_step", "resume_at", "run_now", "signal_run", "fork_run"}
 
 
 def test_by_default_only_the_read_tools_are_listed_each_marked_read_only():

@@ -1,7 +1,7 @@
 """``manage.py workflows``: list, inspect and operate workflow runs from a terminal.
 
 ``list`` and ``show`` read; ``pause``, ``resume`` (``--at STEP``), ``cancel``, ``rerun``,
-``run-now``, ``skip`` and ``signal`` call the admin's verbs on one or more runs, each
+``fork`` (``--from-step STEP``), ``run-now``, ``skip`` and ``signal`` call the admin's verbs on one or more runs, each
 reporting done or refused (exit 1 if any was refused). ``health`` gives the verdict of
 :mod:`pgbus_workflows.services.health` and its reasons (exit 1 when not healthy).
 ``schedules list|pause|resume|fire-now`` does the same for schedules
@@ -48,6 +48,7 @@ VERBS = {
     "resume": "resume",
     "cancel": "cancel",
     "rerun": "rerun",
+    "fork": "fork",
     "run-now": "run_now",
     "skip": "skip",
     "signal": "signal",
@@ -127,6 +128,7 @@ class Command(BaseCommand):
             "resume": "resume paused runs (--at STEP: at that step, now)",
             "cancel": "cancel ongoing runs",
             "rerun": "start a new run like each finished or cancelled one",
+            "fork": "start a new run like each one at a step, keeping the outputs of the steps before it",
             "run-now": "cut short the wait of each run's scheduled step (or end a signal wait)",
             "skip": "skip the current step of each run",
             "signal": "deliver a signal to runs",
@@ -138,6 +140,12 @@ class Command(BaseCommand):
                 sub.add_argument("--payload", default="", metavar="JSON", help="its payload, a JSON value ({})")
                 sub.add_argument(
                     "--idempotency-key", default="", metavar="KEY", help="a repeat with this key changes nothing"
+                )
+            if name == "fork":
+                sub.add_argument(
+                    "--from-step",
+                    metavar="STEP",
+                    help="the fork starts at this step (default: the first); earlier steps keep their outputs",
                 )
             if name == "resume":
                 sub.add_argument("--at", metavar="STEP", help="resume at this step, now (needs the skip permission)")
@@ -238,6 +246,8 @@ class Command(BaseCommand):
         data: dict[str, Any] = {"reason": options["reason"] or None}
         if verb == "resume" and options["at"] is not None:
             verb, data["step"] = "resume_at", options["at"]
+        if verb == "fork":
+            data["from_step"] = options["from_step"]
         if verb == "signal":
             data.update(self.signal_data(options, operator))
         results = operate(operator, OPERATIONS[verb], options["run_ids"], data)
@@ -278,7 +288,7 @@ class Command(BaseCommand):
         """One run's line: what was done on stdout, a refusal on stderr."""
         if not result.ok:
             self.stderr.write(f"{result.run}  refused: {result.message}")
-        elif result.verb == "rerun":
+        elif result.verb in ("rerun", "fork"):
             self.stdout.write(f"{result.run}  {result.message} ({result.extra['new_status']})")
         else:
             self.stdout.write(f"{result.run}  {result.message} (now {result.status}, step {result.current_step})")

@@ -20,6 +20,7 @@ from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..sql.bulk import WriteBatch, insert_statement, link
+from ..sql.holding import is_held
 from ..states import (
     ACTIVE_STEP,
     TERMINAL_RUN,
@@ -270,7 +271,9 @@ class RunLedger:
             return False
         if chain.stop is not None and chain.stop.is_set():
             return False
-        return chain.queues is None or queue in chain.queues
+        if chain.queues is not None and queue not in chain.queues:
+            return False
+        return not is_held(self.run.workflow_class, queue)  # an operator's hold stops chains as it stops claims
 
     def claim_chained(self) -> WorkflowStep | None:
         """Record the claim of the step ``schedule`` inserted already claimed; returns it.

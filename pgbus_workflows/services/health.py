@@ -9,7 +9,8 @@ Not healthy when: no dispatcher heartbeats within ``DISPATCHER_DEAD_AFTER``; a r
 or has a fan-out whose jobs all ended without its resolution; a schedule's last tick failed.
 Worth a look but healthy: runs paused on an error, signal waits past
 ``WAITING_VISIBILITY_THRESHOLD``, steps held back by their limits, dispatcher rows whose
-process is gone.
+process is gone, classes and queues an operator holds (held on purpose: their due steps are
+not counted overdue).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from django.db.models import F, Q
 
 from ..conf import settings
-from ..models import Dispatcher, WorkflowSchedule
+from ..models import Dispatcher, WorkflowHold, WorkflowSchedule
 from ..sql import clock
 from ..sql.counting import oldest_due_at
 from .limiting import held_back_counts
@@ -67,6 +68,8 @@ class Health:
     held_back: int
     #: Schedules whose last tick failed: ``{"workflow_class", "name", "last_error", "last_error_at"}``.
     failing_schedules: list[dict[str, Any]]
+    #: Classes and queues an operator holds (``services.holding``): kind, name, held_at, held_by, reason.
+    holds: list[dict[str, Any]]
 
     def as_dict(self) -> dict[str, Any]:
         """The whole report as JSON-ready values (datetimes as ISO 8601)."""
@@ -84,6 +87,9 @@ def check_health(now: datetime | None = None) -> Health:
     due_at = oldest_due_at(now)
     held = sum(held_back_counts(now).values())
     failing = _failing_schedules()
+    holds = list(
+        WorkflowHold.objects.active().order_by("held_at").values("kind", "name", "held_at", "held_by", "reason")
+    )
     reasons: list[str] = []
     notes: list[str] = []
     if not any(beat.alive for beat in beats):
@@ -99,6 +105,8 @@ def check_health(now: datetime | None = None) -> Health:
         reasons.append(f"schedule {name} failed at {failed_at.isoformat()}")
     if held:
         notes.append(f"{held} due step{'s' if held != 1 else ''} held back by their limits")
+    for hold in holds:  # a note, not a reason: held on purpose, and its due steps are not counted overdue
+        notes.append(f"{hold['kind']} {hold['name']} held since {hold['held_at'].isoformat()} by {hold['held_by']}")
     gone = [beat.name for beat in beats if not beat.alive]
     if gone and any(beat.alive for beat in beats):
         notes.append(f"dispatcher rows whose process is gone: {', '.join(gone)}")
@@ -112,6 +120,7 @@ def check_health(now: datetime | None = None) -> Health:
         oldest_due_seconds=None if due_at is None else max((now - due_at).total_seconds(), 0.0),
         held_back=held,
         failing_schedules=failing,
+        holds=holds,
     )
 
 

@@ -93,6 +93,8 @@ WRITE_TOOLS: dict[ToolBody, ToolAnnotations] = {
     writing.resume_at: CHANGES,
     writing.run_now: CHANGES,
     writing.signal_run: CHANGES,
+    writing.hold: CHANGES,
+    writing.release: CHANGES,
     writing.skip_step: DESTROYS,
     writing.cancel_run: DESTROYS,
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import F, Q
 
@@ -87,9 +87,8 @@ def check_health(now: datetime | None = None) -> Health:
     due_at = oldest_due_at(now)
     held = sum(held_back_counts(now).values())
     failing = _failing_schedules()
-    holds = list(
-        WorkflowHold.objects.active().order_by("held_at").values("kind", "name", "held_at", "held_by", "reason")
-    )
+    active = WorkflowHold.objects.active().order_by("held_at")
+    holds = cast(list[dict[str, Any]], list(active.values("kind", "name", "held_at", "held_by", "reason")))
     reasons: list[str] = []
     notes: list[str] = []
     if not any(beat.alive for beat in beats):

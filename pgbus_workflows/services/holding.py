@@ -7,6 +7,11 @@ and timeouts come due (the step is due, it is just not claimed). Release wakes t
 dispatchers, which claim the held steps in priority and due order, within their limits. A
 hold stops new claims, not running bodies: a step claimed before the hold runs to its end.
 
+On PostgreSQL a hold also parks the held steps (``sql.holding``: out of the due range the
+claims read, as a full limit's held-back steps are), so a held class's backlog costs other
+classes' claims nothing; the sweep parks the steps scheduled during the hold, and release puts
+them all back.
+
 Holding what is already held returns the active hold unchanged, and releasing what is not
 held returns None, so a script (a circuit breaker) may call either again. The hold's row is
 kept after its release: the table is the audit trail, with a log line for each.
@@ -15,6 +20,7 @@ kept after its release: the table is the audit trail, with a log line for each.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -23,6 +29,7 @@ from .. import sql
 from ..conf import settings
 from ..dsl.declared import NotRegistered, registry
 from ..models import HoldKind, WorkflowHold
+from ..sql.holding import parked_on
 from .operator import DEFAULT_ACTOR
 
 logger = logging.getLogger("pgbus_workflows")
@@ -93,6 +100,7 @@ def _hold(kind: HoldKind, name: str, actor: str | None, reason: str | None) -> W
     except IntegrityError:  # held already (the active holds' unique index): that hold stands
         return WorkflowHold.objects.active().get(kind=kind, name=name)
     logger.warning("Workflow %s %r held by %s: %s", kind.value, name, actor, reason or "(no reason given)")
+    park_held_steps()
     return hold
 
 
@@ -106,9 +114,36 @@ def _release(
             return None
         hold.released_at, hold.released_by, hold.release_reason = timezone.now(), actor, reason or ""
         hold.save(update_fields=["released_at", "released_by", "release_reason"])
-        if sql.postgresql():  # the held steps are due: the dispatchers of their queues claim them now
-            with sql.bound_cursor() as cursor:
-                for queue in queues:
-                    cursor.execute(sql.statement("notify"), [settings.NOTIFY_CHANNEL, queue])
+    if sql.postgresql():  # released first, so the sweep parks no more of them
+        _run_batches("unpark_held", [parked_on(kind, name)])
+        with sql.bound_cursor() as cursor:  # the held steps are due: the dispatchers of their queues claim them now
+            for queue in queues:
+                cursor.execute(sql.statement("notify"), [settings.NOTIFY_CHANNEL, queue])
     logger.warning("Workflow %s %r released by %s: %s", kind.value, name, actor, reason or "(no reason given)")
     return hold
+
+
+#: Steps one parking or unparking statement moves at most.
+PARK_BATCH = 10_000
+
+
+def park_held_steps(now: datetime | None = None) -> int:
+    """Park the scheduled steps of the held classes and queues not parked yet; how many (the sweep calls it too).
+
+    Nothing on SQLite (its claim reads the holds alone) or when nothing is held (one read of
+    an empty index).
+    """
+    if not sql.postgresql() or not WorkflowHold.objects.active().exists():
+        return 0
+    return _run_batches("park_held", [])
+
+
+def _run_batches(statement: str, params: list[object]) -> int:
+    moved = 0
+    while True:
+        with transaction.atomic(), sql.bound_cursor() as cursor:
+            cursor.execute(sql.statement(statement), [*params, PARK_BATCH])
+            batch: int = cursor.rowcount
+        moved += batch
+        if batch < PARK_BATCH:
+            return moved

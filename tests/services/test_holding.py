@@ -103,3 +103,37 @@ def test_hold_and_release_are_logged_with_actor_and_reason(caplog):
         release_queue("held")
     assert "Workflow queue 'held' held by ops: db failover" in caplog.text
     assert "Workflow queue 'held' released by api: (no reason given)" in caplog.text
+
+
+def test_a_hold_parks_its_steps_out_of_the_claims_range_the_sweep_parks_later_ones_and_release_puts_them_back():
+    from pgbus_workflows.services.holding import park_held_steps
+    from pgbus_workflows.services.limiting import held_back_counts
+    from pgbus_workflows.sql import clock
+
+    early = [HeldWork.start() for _ in range(3)]
+    hold_class(HeldWork, reason="down")
+    scheduled = WorkflowStep.objects.filter(run__workflow_class=HeldWork.name, status="scheduled")
+    assert set(scheduled.values_list("parked", "parked_on")) == {(True, "hold:class:held_work")}
+    late = HeldWork.start()  # scheduled during the hold: not parked until the sweep's pass
+    assert not scheduled.get(run_id=late.record.pk).parked
+    assert park_held_steps() == 1
+    assert scheduled.filter(parked=False).count() == 0
+    assert held_back_counts(clock.now()) == {}  # a hold is not a limit
+    FreeWork.start()
+    assert [s.step_name for s in _claim()] == ["only"]  # a claim's unpark leaves a hold's steps parked
+
+    release_class(HeldWork)
+
+    assert scheduled.filter(parked=True).count() == 0
+    assert {s.run_id for s in _claim()} == {wf.record.pk for wf in [*early, late]}
+
+
+def test_a_queue_hold_parks_the_steps_on_its_queue_and_with_nothing_held_the_sweep_parks_nothing():
+    from pgbus_workflows.services.holding import park_held_steps
+
+    wf = HeldWork.start()
+    assert park_held_steps() == 0
+    hold_queue("held", reason="down")
+    assert WorkflowStep.objects.get(run_id=wf.record.pk).parked_on == "hold:queue:held"
+    release_queue("held")
+    assert not WorkflowStep.objects.get(run_id=wf.record.pk).parked

@@ -20,7 +20,7 @@ from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..sql.bulk import WriteBatch, insert_statement, link
-from ..sql.holding import is_held
+from ..sql.holding import active_holds
 from ..states import (
     ACTIVE_STEP,
     TERMINAL_RUN,
@@ -273,7 +273,9 @@ class RunLedger:
             return False
         if chain.queues is not None and queue not in chain.queues:
             return False
-        return not is_held(self.run.workflow_class, queue)  # an operator's hold stops chains as it stops claims
+        if chain.holds is None:  # an operator's hold stops chains as it stops claims
+            chain.holds = active_holds()
+        return ("class", self.run.workflow_class) not in chain.holds and ("queue", queue) not in chain.holds
 
     def claim_chained(self) -> WorkflowStep | None:
         """Record the claim of the step ``schedule`` inserted already claimed; returns it.

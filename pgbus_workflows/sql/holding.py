@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
-
 from ..models import HoldKind, WorkflowHold, WorkflowRun, WorkflowStep
 from ..states import StepStatus
 from .statements import builds, literal, table
@@ -28,14 +26,9 @@ def held_names(conn: Any, kind: HoldKind) -> str:
     return f"ARRAY({active})"
 
 
-def is_held(class_name: str, queue: str) -> bool:
-    """Whether the class or the queue is held now (an outcome asks before it chains the next step).
-
-    One descent of the active holds' index (``pgbus_wf_hold_active``): with nothing held, an
-    empty index.
-    """
-    active = WorkflowHold.objects.filter(released_at__isnull=True)
-    return active.filter(Q(kind=HoldKind.CLASS, name=class_name) | Q(kind=HoldKind.QUEUE, name=queue)).exists()
+def active_holds() -> frozenset[tuple[str, str]]:
+    """``(kind, name)`` of every hold in force: one descent of the active holds' index (empty when none)."""
+    return frozenset(WorkflowHold.objects.filter(released_at__isnull=True).values_list("kind", "name"))
 
 
 def parked_on(kind: HoldKind, name: str) -> str:

@@ -31,6 +31,12 @@ order from one repetition to the next), with the median's sign-test interval:
   autovacuum does within a minute), the runs are started then, and steps/s counted from
   their first claim.
 
+- **a backlog behind a held class**: ``--runs`` ``NoOp3`` runs drained by one dispatcher of
+  four while ``--held`` ``HeldWork`` steps are due and their class is held (``hold_class``,
+  issue #52), against the same with nothing held and nothing behind them: what a hold's
+  backlog costs the other classes' claims (the hold parks its steps out of the claims' range).
+  ``--held-class-only`` measures this table alone.
+
 With ``--against PATH`` (a checkout of an earlier commit, e.g. ``git archive <commit> | tar
 -x -C PATH``), the last table is instead ``--runs`` ``NoOp3`` runs started before one
 dispatcher of four drains them, in a project that declares no limit, the dispatcher running
@@ -128,6 +134,38 @@ def behind_a_full_key(held: int, runs: int) -> float:
     return steps.count() / (span["last"] - span["first"]).total_seconds()
 
 
+def behind_a_held_class(held: int, runs: int) -> float:
+    """NoOp3 steps/s draining ``runs`` runs while ``held`` due steps of a held class wait (none: nothing held)."""
+    from django.db import connection
+    from django.db.models import Max, Min
+
+    from pgbus_workflows import hold_class
+    from pgbus_workflows.models import WorkflowRun, WorkflowStep
+    from tests.testapp.held_workflows import HeldWork
+    from tests.testapp.workflows import NoOp3
+
+    if held:
+        hold_class(HeldWork, actor="bench", reason="a held class's backlog")
+    for first in range(0, held, 10_000):
+        HeldWork.start_many([{} for _ in range(min(10_000, held - first))])
+    processes = start_dispatchers(1, 4)
+    try:
+        wait_registered(1)
+        parked = WorkflowStep.objects.filter(status="scheduled", parked=True)
+        wait_until(lambda: parked.count() >= held, 900, f"{held} held steps parked (by the sweep)")
+        with connection.cursor() as cursor:  # as autovacuum does within a minute of the parks' updates
+            cursor.execute(f"VACUUM ANALYZE {WorkflowStep._meta.db_table}, {WorkflowRun._meta.db_table}")
+        time.sleep(SETTLE_SECONDS)
+        NoOp3.start_many([{} for _ in range(runs)])
+        finished = WorkflowRun.objects.filter(workflow_class=NoOp3.name, status="finished")
+        wait_until(lambda: finished.count() >= runs, 900, f"{runs} NoOp3 runs behind {held} held steps")
+    finally:
+        stop(processes)
+    steps = WorkflowStep.objects.filter(run__workflow_class=NoOp3.name)
+    span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    return steps.count() / (span["last"] - span["first"]).total_seconds()
+
+
 #: How long the held-back counts took behind the held-back steps, one figure a measurement.
 COUNT_SECONDS: list[float] = []
 #: How long the dispatcher took to park the held-back steps once registered (a claim after its start).
@@ -215,12 +253,22 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--held-back-only", action="store_true")
+    parser.add_argument("--held-class-only", action="store_true")
     parser.add_argument("--against", help="a checkout whose dispatchers are the baseline (runs without limits)")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.trickle_runs, args.repeat, args.rate_runs, args.held = 200, 100, 2, 120, 5000
     if args.against:
         against_checkout(args)
+        return
+    if args.held_class_only:
+        recreate_database()
+        pair = paired(
+            args.repeat, lambda: behind_a_held_class(0, args.runs), lambda: behind_a_held_class(args.held, args.runs)
+        )
+        print("| backlog behind a held class | nothing held | held | ratio | interval | >= 0.9? |")
+        print("|---|---:|---:|---:|---|---|")
+        print(row(f"{args.runs:,} NoOp3 runs, {args.held:,} steps of a held class due", *pair, floor=0.9))
         return
     if not args.held_back_only:
         other_tables(args)

@@ -6,6 +6,7 @@ Import the public API from here::
 """
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from .dsl.backoff import backoff
 from .dsl.debounce import Debounce
@@ -37,6 +38,22 @@ from .exceptions import (
     WorkflowError,
 )
 from .workflow import Workflow
+
+if TYPE_CHECKING:
+    from .services.holding import hold_class, hold_queue, release_class, release_queue
+
+#: Names loaded when first used: their module reads the models, which exist once Django's apps are ready.
+_LAZY = {"hold_class", "hold_queue", "release_class", "release_queue"}
+
+
+def __getattr__(name: str) -> Any:
+    """The holding functions (``services.holding``), imported on first use."""
+    if name in _LAZY:
+        from .services import holding
+
+        return getattr(holding, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 try:
     __version__ = version("pgbus-workflows")
@@ -76,6 +93,10 @@ __all__ = [
     "__version__",
     "backoff",
     "fan_out",
+    "hold_class",
+    "hold_queue",
+    "release_class",
+    "release_queue",
     "removed_step",
     "step",
 ]

@@ -6,6 +6,7 @@ serves it:
 
 - ``pgbus_workflows_runs{workflow_class, status}``: runs by class and status;
 - ``pgbus_workflows_stuck_runs{workflow_class, reason}``: runs by class and stuck reason;
+- ``pgbus_workflows_holds{kind, name}``: 1 for each class or queue an operator holds;
 - ``pgbus_workflows_dispatcher_up{dispatcher, hostname}``: 1 while a registered dispatcher
   heartbeats within ``DISPATCHER_DEAD_AFTER``, else 0; ``pgbus_workflows_dispatcher_heartbeat_age_seconds``
   and ``pgbus_workflows_dispatcher_workers_alive`` with the same labels;
@@ -45,7 +46,7 @@ from django.views.decorators.http import require_safe
 
 from . import signals
 from .conf import settings
-from .models import Dispatcher
+from .models import Dispatcher, WorkflowHold
 from .models.reading import reading
 from .services.stuck import gauge
 from .sql import clock
@@ -114,9 +115,17 @@ class DatabaseCollector:
         )
         for row in payload["held_back"]:
             held.add_metric([row["workflow_class"], row["step"]], row["count"])
+        holds = GaugeMetricFamily(
+            "pgbus_workflows_holds",
+            "1 for each workflow class or queue an operator holds (no step of it is claimed).",
+            labels=["kind", "name"],
+        )
+        for kind, name in WorkflowHold.objects.active().order_by("kind", "name").values_list("kind", "name"):
+            holds.add_metric([kind, name], 1)
         yield runs
         yield stuck
         yield held
+        yield holds
 
 
 def _dispatchers(now: Any) -> Iterator[Metric]:

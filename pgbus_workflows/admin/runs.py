@@ -30,6 +30,7 @@ from ..sql.counting import distinct_values
 from .dashboard import dashboard_context
 from .display import change_url, pretty_json, status_badge, subject_link
 from .filters import RunStatusFilter, StuckFilter, WorkflowClassFilter
+from .holds import class_hold, hold_view, holds_context
 from .insights import insights_context
 from .operations import OPERATIONS, OperatedAdmin, bulk_operation, may_view, operation_view
 from .paging import workflow_id_range
@@ -264,6 +265,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         urls = [path("dashboard/", wrap(self.dashboard_view), name=f"{prefix}_dashboard")]
+        urls += [path("holds/", wrap(self.holds_view), name=f"{prefix}_holds")]
         urls += [path("insights/<path:workflow_class>/", wrap(self.insights_view), name="pgbus_workflows_insights")]
         urls += [
             path(f"<path:object_id>/{verb}/", wrap(partial(self.operation_view, verb=verb)), name=f"{prefix}_{verb}")
@@ -283,7 +285,8 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         links = {"dashboard_url": reverse(f"{site}:{self.opts.app_label}_{self.opts.model_name}_dashboard")}
         if request.GET.get("workflow_class"):
             links["insights_url"] = reverse(f"{site}:pgbus_workflows_insights", args=[request.GET["workflow_class"]])
-        return super().changelist_view(request, {**links, **(extra_context or {})})
+        held = {"class_hold": class_hold(request.GET.get("workflow_class"))}  # the banner
+        return super().changelist_view(request, {**links, **held, **(extra_context or {})})
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -313,8 +316,15 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
             "opts": self.opts,
             **dashboard_context(self.admin_site, request, clock.now()),
             **read,
+            **holds_context(request),
+            "holds_url": reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_holds"),
         }
         return TemplateResponse(request, "admin/pgbus_workflows/dashboard.html", context)
+
+    def holds_view(self, request: HttpRequest) -> HttpResponse:
+        """The dashboard's hold form and release buttons (POST; 403 without ``hold_workflowrun``)."""
+        back = reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_dashboard")
+        return hold_view(self, request, back)
 
     def insights_view(self, request: HttpRequest, workflow_class: str) -> HttpResponse:
         """One class's pipeline, step performance and funnel over a window (``?window=1h|6h|24h|7d``)."""

@@ -23,6 +23,8 @@ is logged and retried next time without stopping the others):
   defines pauses its run with ``StepNotDefined`` recorded (``services.deploys``).
 - ``stray_holds``: a scheduled attempt held (``WorkflowStep.held``) although its run is no
   longer paused (resumed by code older than the flag) is released (``services.deploys``).
+- ``held_steps``: while a class or a queue is held, its steps scheduled since the hold are
+  parked like those it held at once (``services.holding``), so no claim walks them.
 - ``lost_fan_outs``: a fan-out still waiting although all its jobs ended (its dispatcher died
   between the last job's end and the resolution) is resolved as the last job would have.
 - ``limiter_slots``: each concurrency limiter's ``in_use`` is set to the attempts really
@@ -56,6 +58,7 @@ from ..models import Dispatcher, FanOutJob, JobStatus, WorkflowStep
 from ..services.claims import stall
 from ..services.deploys import pause_unknown_steps, release_stray_holds, skip_parked_gravestones
 from ..services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
+from ..services.holding import park_held_steps
 from ..services.isolation import RowFailures
 from ..services.retention import delete_expired_runs, expired_runs_left
 from ..services.schedules import delete_expired_schedule_events
@@ -178,6 +181,7 @@ class Sweeper:
             ("wait_timeouts", partial(expire_due_waits, failures=failures)),
             ("unknown_steps", partial(pause_unknown_steps, failures=failures)),
             ("stray_holds", partial(release_stray_holds, failures=failures)),
+            ("held_steps", park_held_steps),
             ("lost_fan_outs", partial(resolve_lost_fan_outs, failures=failures)),
             ("limiter_slots", reconcile),
         ]

@@ -99,6 +99,8 @@ WRITE_TOOLS: dict[ToolBody, ToolAnnotations] = {
     writing.run_now: CHANGES,
     writing.signal_run: CHANGES,
     writing.fork_run: CHANGES,
+    writing.hold: CHANGES,
+    writing.release: CHANGES,
     writing.skip_step: DESTROYS,
     writing.cancel_run: DESTROYS,
 }

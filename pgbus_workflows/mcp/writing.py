@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from django.core.management.base import CommandError
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field, StringConstraints
 
 from ..admin.operations import OPERATIONS
 from ..exceptions import PayloadNotSerializable, PayloadTooLarge
+from ..operating.holds import run_hold_command
 from ..operating.operators import Operator, operate
 from ..services.payload import encode_payload
 from ..services.signals import check_signal_input
@@ -34,6 +36,9 @@ FromStep = Annotated[
 SignalName = Annotated[Name, Field(description="The signal's name: one a step of the run's class waits for.")]
 #: A signal's payload, checked by ``encode_payload`` as the admin's form checks it.
 Payload = Annotated[Any, Field(description="The signal's payload: any JSON value (null when none).")]
+#: What a hold names: a workflow class or a queue.
+HoldClass = Annotated[Name | None, Field(description="A registered workflow class's name (or give queue).")]
+HoldQueue = Annotated[Name | None, Field(description="A queue's name (or give workflow_class).")]
 #: A signal's idempotency key.
 IdempotencyKey = Annotated[
     str,
@@ -107,3 +112,34 @@ def fork_run(
     answer's ``new_run`` is the fork's id. Needs the rerun permission.
     """
     return take(operator, "fork", workflow_id, {"reason": reason, "from_step": from_step})
+
+
+def _hold_command(
+    operator: Operator, subcommand: str, workflow_class: str | None, queue: str | None, reason: str
+) -> dict[str, Any]:
+    if (workflow_class is None) == (queue is None):
+        raise ToolError("give one of workflow_class and queue")
+    options = {"subcommand": subcommand, "workflow_class": workflow_class, "queue": queue, "reason": reason}
+    try:
+        document = run_hold_command(operator, options)[1]
+    except CommandError as error:
+        raise ToolError(str(error)) from None
+    assert isinstance(document, dict)  # noqa: S101 - hold and release answer one object
+    return document
+
+
+def hold(
+    operator: Operator, reason: Reason, workflow_class: HoldClass = None, queue: HoldQueue = None
+) -> dict[str, Any]:
+    """Hold a workflow class or a queue: none of its steps is claimed until released (runs keep their status).
+
+    For when a service its steps call is down. Holding what is held already keeps that hold.
+    """
+    return _hold_command(operator, "hold", workflow_class, queue, reason)
+
+
+def release(
+    operator: Operator, reason: Reason, workflow_class: HoldClass = None, queue: HoldQueue = None
+) -> dict[str, Any]:
+    """Release the hold of a workflow class or a queue: its due steps are claimed in due order."""
+    return _hold_command(operator, "release", workflow_class, queue, reason)

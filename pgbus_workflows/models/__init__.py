@@ -1,8 +1,8 @@
-"""The rows: runs, step attempts, audit events, signals, fan-out jobs, live dispatchers and schedules.
+"""The rows: runs, step attempts, audit events, signals, fan-out jobs, live dispatchers, schedules, holds.
 
 Models are data and queries only; ``services/`` is the one place that changes them. This
 package's modules split them by role (``runs``: runs and step attempts; ``records``: events,
-signals, fan-out jobs, dispatchers; ``schedules``; ``limiters``); every name is re-exported here, so
+signals, fan-out jobs, dispatchers; ``schedules``; ``limiters``; ``holds``); every name is re-exported here, so
 ``pgbus_workflows.models`` stays the one import path (and Django finds every model through it).
 """
 
@@ -16,6 +16,7 @@ from ..states import (
     StepOutcomeKind,
     StepStatus,
 )
+from .holds import HoldKind, WorkflowHold, WorkflowHoldQuerySet
 from .limiters import WorkflowLimiter
 from .records import (
     EVENT_KINDS,
@@ -44,6 +45,7 @@ __all__ = [
     "Dispatcher",
     "DjangoTask",
     "FanOutJob",
+    "HoldKind",
     "JobStatus",
     "RunStatus",
     "ScheduleEvent",
@@ -51,6 +53,8 @@ __all__ = [
     "StepOutcomeKind",
     "StepStatus",
     "WorkflowEvent",
+    "WorkflowHold",
+    "WorkflowHoldQuerySet",
     "WorkflowLimiter",
     "WorkflowRun",
     "WorkflowRunQuerySet",

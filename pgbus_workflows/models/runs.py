@@ -182,6 +182,7 @@ class WorkflowRun(models.Model):
             ("run_now_workflowrun", _("Can run a workflow run's step now")),
             ("skip_workflowrun", _("Can skip a workflow run's step")),
             ("signal_workflowrun", _("Can deliver signals to workflow runs")),
+            ("hold_workflowrun", _("Can hold and release a workflow class or a queue")),
         ]
 
     def __str__(self) -> str:

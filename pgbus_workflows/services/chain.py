@@ -28,9 +28,12 @@ class Chain:
     next_jobs: list[FanOutJob] = field(default_factory=list)
     #: Set when the worker stops taking work (a dispatcher shutting down).
     stop: threading.Event | None = None
+    #: The holds in force (``(kind, name)``), read by the batch's first chain and forgotten by
+    #: :meth:`take`: one read a batch, so a hold placed meanwhile stops the next batch's chains.
+    holds: frozenset[tuple[str, str]] | None = None
 
     def take(self) -> list[WorkflowStep | FanOutJob]:
         """The chained steps and jobs (already claimed), once."""
         work: list[WorkflowStep | FanOutJob] = [*self.next_steps, *self.next_jobs]
-        self.next_steps, self.next_jobs = [], []
+        self.next_steps, self.next_jobs, self.holds = [], [], None
         return work

@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 from .. import signals, sql
 from ..conf import settings
 from ..dsl.deploy import can_run_step, catalog_json
-from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from ..models import FanOutJob, HoldKind, WorkflowEvent, WorkflowHold, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..sql.claiming import ClaimRow, claim_parameters
 from ..states import JobStatus, RunStatus, StepStatus
@@ -140,6 +140,9 @@ def _claim_orm(
             )
             if queues is not None:
                 due = due.filter(queue__in=queues)
+            held = WorkflowHold.objects.active()  # an operator's holds (services.holding)
+            due = due.exclude(run__workflow_class__in=held.filter(kind=HoldKind.CLASS).values("name"))
+            due = due.exclude(queue__in=held.filter(kind=HoldKind.QUEUE).values("name"))
             for klass, name in unknown:
                 due = due.exclude(run__workflow_class=klass, step_name=name)
             full = limiting.full(now)  # a step of a key with no room is passed over, not counted

@@ -9,7 +9,8 @@ Not healthy when: no dispatcher heartbeats within ``DISPATCHER_DEAD_AFTER``; a r
 or has a fan-out whose jobs all ended without its resolution; a schedule's last tick failed.
 Worth a look but healthy: runs paused on an error, signal waits past
 ``WAITING_VISIBILITY_THRESHOLD``, steps held back by their limits, dispatcher rows whose
-process is gone, a ``READ_DATABASE`` further behind the primary than ``READ_MAX_LAG`` (or that
+process is gone, classes and queues an operator holds (held on purpose: their due steps are
+not counted overdue), a ``READ_DATABASE`` further behind the primary than ``READ_MAX_LAG`` (or that
 cannot tell, or be read): the engine never reads it, only the pages and read tools do.
 
 The verdict reads the primary, even inside ``models.reading.reading()``: it says what is true now.
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 from django.db.models import F, Q
 
 from ..conf import settings
-from ..models import Dispatcher, WorkflowSchedule
+from ..models import Dispatcher, WorkflowHold, WorkflowSchedule
 from ..models.reading import reading
 from ..sql import clock
 from ..sql.counting import oldest_due_at
@@ -73,6 +74,8 @@ class Health:
     held_back: int
     #: Schedules whose last tick failed: ``{"workflow_class", "name", "last_error", "last_error_at"}``.
     failing_schedules: list[dict[str, Any]]
+    #: Classes and queues an operator holds (``services.holding``): kind, name, held_at, held_by, reason.
+    holds: list[dict[str, Any]]
     #: The ``READ_DATABASE`` and its lag (``sql.replica.ReadLag.as_dict``); None when it is the primary.
     read_database: dict[str, Any] | None = None
 
@@ -96,6 +99,8 @@ def _check(now: datetime) -> Health:
     due_at = oldest_due_at(now)
     held = sum(held_back_counts(now).values())
     failing = _failing_schedules()
+    active = WorkflowHold.objects.active().order_by("held_at")
+    holds = cast(list[dict[str, Any]], list(active.values("kind", "name", "held_at", "held_by", "reason")))
     reasons: list[str] = []
     notes: list[str] = []
     if not any(beat.alive for beat in beats):
@@ -111,6 +116,8 @@ def _check(now: datetime) -> Health:
         reasons.append(f"schedule {name} failed at {failed_at.isoformat()}")
     if held:
         notes.append(f"{held} due step{'s' if held != 1 else ''} held back by their limits")
+    for hold in holds:  # a note, not a reason: held on purpose, and its due steps are not counted overdue
+        notes.append(f"{hold['kind']} {hold['name']} held since {hold['held_at'].isoformat()} by {hold['held_by']}")
     gone = [beat.name for beat in beats if not beat.alive]
     if gone and any(beat.alive for beat in beats):
         notes.append(f"dispatcher rows whose process is gone: {', '.join(gone)}")
@@ -125,6 +132,7 @@ def _check(now: datetime) -> Health:
         oldest_due_seconds=None if due_at is None else max((now - due_at).total_seconds(), 0.0),
         held_back=held,
         failing_schedules=failing,
+        holds=holds,
         read_database=read_database,
     )
 

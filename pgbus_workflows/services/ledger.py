@@ -20,6 +20,7 @@ from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..sql.bulk import WriteBatch, insert_statement, link
+from ..sql.holding import active_holds
 from ..states import (
     ACTIVE_STEP,
     TERMINAL_RUN,
@@ -270,7 +271,11 @@ class RunLedger:
             return False
         if chain.stop is not None and chain.stop.is_set():
             return False
-        return chain.queues is None or queue in chain.queues
+        if chain.queues is not None and queue not in chain.queues:
+            return False
+        if chain.holds is None:  # an operator's hold stops chains as it stops claims
+            chain.holds = active_holds()
+        return ("class", self.run.workflow_class) not in chain.holds and ("queue", queue) not in chain.holds
 
     def claim_chained(self) -> WorkflowStep | None:
         """Record the claim of the step ``schedule`` inserted already claimed; returns it.

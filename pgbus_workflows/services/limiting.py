@@ -299,6 +299,7 @@ def held_back_counts(now: datetime) -> dict[tuple[str, str], int]:
             counts[(klass, step_name)] += 1
     # parked_on > '' (every parked step's): the parked index's range, read alone but for the runs' classes.
     parked = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, parked=True, parked_on__gt="").order_by()
+    parked = parked.exclude(parked_on__startswith="hold:")  # an operator's hold, not a limit (services.holding)
     for klass, step_name, n in parked.values_list("run__workflow_class", "step_name").annotate(n=Count("pk")):
         counts[(klass, step_name)] += n
     return dict(counts)

@@ -19,7 +19,7 @@ from .. import sql
 from ..conf import settings
 from ..dsl.declared import registry
 from ..dsl.limits import declared_limits
-from ..models import WorkflowLimiter, WorkflowRun, WorkflowStep
+from ..models import HoldKind, WorkflowHold, WorkflowLimiter, WorkflowRun, WorkflowStep
 from ..sql.counting import bounded_pair_counts, distinct_values, planner_estimate
 from ..states import RunStatus, StepStatus
 from . import limiting
@@ -61,11 +61,16 @@ def stuck_querysets(now: datetime, classes: Sequence[str] | None = None) -> dict
     """
     threshold = settings.STALL_THRESHOLD
     steps = WorkflowStep.objects.filter(run_id=OuterRef("pk"))
-    overdue = steps.filter(status=StepStatus.SCHEDULED, scheduled_at__lt=now - threshold)
+    held = WorkflowHold.objects.active()  # an operator's hold: its due steps wait on purpose, not stuck
+    overdue = steps.filter(status=StepStatus.SCHEDULED, scheduled_at__lt=now - threshold).exclude(
+        queue__in=held.filter(kind=HoldKind.QUEUE).values("name")
+    )
     runs = WorkflowRun.objects.all() if classes is None else WorkflowRun.objects.filter(workflow_class__in=classes)
     return {
         "stalled": runs.filter(Exists(steps.filter(status=StepStatus.IN_PROGRESS, stall_at__lt=now))),
-        "overdue": runs.filter(Exists(_not_held_back(overdue, now - threshold, now)), status=RunStatus.READY),
+        "overdue": runs.filter(Exists(_not_held_back(overdue, now - threshold, now)), status=RunStatus.READY).exclude(
+            workflow_class__in=held.filter(kind=HoldKind.CLASS).values("name")
+        ),
         "waiting_overdue": runs.filter(
             Exists(
                 steps.filter(

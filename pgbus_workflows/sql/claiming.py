@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from ..models import FanOutJob, HoldKind, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..states import JobStatus, RunStatus, StepStatus, check_run_transition, job_event, step_event
 from . import limiting
+from .holding import held_names
 from .statements import INDEX_PLANS, builds, column, columns, literal, pk, quote, table
 
 
@@ -41,6 +42,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     room, taken in the same statement (``sql.limiting``): the rows decide, not this process's
     code, so a step stays claimable within its rows' limits after a deploy removes the
     declaration it was scheduled under. A step of a class without limits reads no limiter row.
+    A step of a held class or on a held queue (``sql.holding``) is not claimed, nor locked.
 
     Placeholders, by name (:func:`claim_parameters` builds their mapping): ``now`` (the
     limiters' clock, the attempts' start and stall, the runs' move, the look-ahead's),
@@ -72,12 +74,14 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
         f"NOT s.{step_col('held')}",  # a paused run's: after the claimable ones, never read
         "NOT s.parked",  # held back by a limit with no room: after them too, until put back
         f"s.{step_col('scheduled_at')} <= %(due_by)s",
+        f"s.{step_col('queue')} <> ALL({held_names(conn, HoldKind.QUEUE)})",  # an operator's hold
     ]
     if queues:
         where.append(f"s.{step_col('queue')} = ANY(%(queues)s)")
     of_run = [
         f"r.{pk(conn, WorkflowRun)} = s.{step_col('run')}",
         f"(r.{run_col('status')} = {literal(ready)}) IS TRUE",
+        f"r.{run_col('workflow_class')} <> ALL({held_names(conn, HoldKind.CLASS)})",  # an operator's hold
     ]
     if unknown:  # left out before the lock: a run is locked only when its step may be claimed
         pairs = ", ".join(f"(%(unknown_class_{i})s, %(unknown_step_{i})s)" for i in range(unknown))

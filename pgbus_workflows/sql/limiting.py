@@ -130,7 +130,8 @@ def unpark(conn: Any, at: str) -> str:
     The keys are read one descent of the parked index (``pgbus_wf_step_parked``) each, and
     each key's steps in priority then due order: its earliest are claimed first. A key whose
     limiter row is gone limits nothing: all of its steps are put back. Steps put back are
-    claimed by the next claim (this statement's snapshot does not see them).
+    claimed by the next claim (this statement's snapshot does not see them). Steps an
+    operator's hold parked (``hold:...``, ``sql.holding``) are put back by its release alone.
     """
     steps, limiters = table(conn, WorkflowStep), table(conn, WorkflowLimiter)
     after = f"SELECT MIN(x.parked_on) FROM {steps} x WHERE {_parked('x')}"
@@ -140,7 +141,7 @@ def unpark(conn: Any, at: str) -> str:
     )
     has_room = f"SELECT k.name, ({room(conn, 'l', at)})::bigint AS room FROM parked_keys k "
     has_room += f"LEFT JOIN {limiters} l ON l.name = k.name WHERE k.name IS NOT NULL "
-    has_room += f"AND (l.name IS NULL OR {room(conn, 'l', at)} >= 1)"
+    has_room += f"AND (l.name IS NULL OR {room(conn, 'l', at)} >= 1) AND left(k.name, 5) <> 'hold:'"
     first = (
         f"SELECT x.id FROM {steps} x WHERE {_parked('x')} AND x.parked_on = k.name "
         "ORDER BY x.priority, x.scheduled_at, x.id LIMIT k.room FOR UPDATE OF x SKIP LOCKED"

@@ -30,7 +30,18 @@ from tests.procs import database_url
 from tests.testapp.workflows import ThreeSteps
 
 READ_TOOLS = {"health", "list_runs", "show_run", "stuck_runs", "insights", "list_schedules"}
-WRITE_TOOLS = {"pause_run", "resume_run", "cancel_run", "skip_step", "resume_at", "run_now", "signal_run", "fork_run"}
+WRITE_TOOLS = {
+    "pause_run",
+    "resume_run",
+    "cancel_run",
+    "skip_step",
+    "resume_at",
+    "run_now",
+    "signal_run",
+    "hold",
+    "release",
+    "fork_run",
+}
 
 
 def test_by_default_only_the_read_tools_are_listed_each_marked_read_only():
@@ -50,7 +61,8 @@ def test_with_mcp_write_tools_the_verbs_are_listed_too_not_read_only_and_cancel_
         assert annotations is not None and annotations.read_only_hint is False, name
         assert annotations.destructive_hint is (name in {"cancel_run", "skip_step"}), name
         schema = tools[name].input_schema
-        assert {"workflow_id", "reason"} <= set(schema["required"]), name
+        run_verb = name not in {"hold", "release"}  # those name a class or a queue
+        assert ({"workflow_id", "reason"} if run_verb else {"reason"}) <= set(schema["required"]), name
         assert schema["properties"]["reason"]["maxLength"] == 2000
     assert set(tools["signal_run"].input_schema["required"]) == {"workflow_id", "name", "reason"}
     assert set(tools["resume_at"].input_schema["required"]) == {"workflow_id", "step", "reason"}

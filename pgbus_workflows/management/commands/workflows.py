@@ -5,7 +5,8 @@
 reporting done or refused (exit 1 if any was refused). ``health`` gives the verdict of
 :mod:`pgbus_workflows.services.health` and its reasons (exit 1 when not healthy).
 ``schedules list|pause|resume|fire-now`` does the same for schedules
-(:mod:`pgbus_workflows.operating.schedules`). ``--json`` prints one JSON document.
+(:mod:`pgbus_workflows.operating.schedules`). ``hold``, ``release`` and ``holds``
+for classes and queues (:mod:`pgbus_workflows.operating.holds`). ``--json`` prints one JSON document.
 Who acts and what they may do: :mod:`pgbus_workflows.operating.operators`.
 """
 
@@ -23,6 +24,7 @@ from ...admin.forms import MAX_REASON_LENGTH
 from ...admin.operations import OPERATIONS
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
 from ...models.reading import reading
+from ...operating.holds import add_hold_commands, run_hold_command
 from ...operating.operators import Operator, Result, operate, show_page
 from ...operating.runs import (
     RunNotFound,
@@ -151,6 +153,7 @@ class Command(BaseCommand):
                 sub.add_argument("--at", metavar="STEP", help="resume at this step, now (needs the skip permission)")
             sub.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="workflow ids (or their first 8+ characters)")
         add_schedule_commands(commands, output, acting)
+        add_hold_commands(commands, output, acting)
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the subcommand; a database without the migrations is one line, not a traceback."""
@@ -163,6 +166,9 @@ class Command(BaseCommand):
                 self.schedule_command(options)
             elif options["subcommand"] == "health":
                 self.health(options)
+            elif options["subcommand"] in ("hold", "release", "holds"):
+                text, document = run_hold_command(self.operator(options), options)
+                self.stdout.write(to_json(document) if options["json"] else text)
             else:
                 self.operate(VERBS[options["subcommand"]], options)
         except (OperationalError, InterfaceError) as error:

@@ -14,6 +14,7 @@ from .dsl.definitions import OnException
 from .dsl.jobs import Child, Job
 from .dsl.limits import Concurrency, RateLimit
 from .dsl.schedules import Schedule
+from .durable import durable
 from .exceptions import (
     AlreadyRunning,
     ChildConflict,
@@ -22,12 +23,14 @@ from .exceptions import (
     FanOutFailed,
     IdempotencyConflict,
     InvalidTransition,
+    NonDeterministicRun,
     NotInStep,
     NotMigrated,
     NotOngoing,
     NotPaused,
     PayloadNotSerializable,
     PayloadTooLarge,
+    StepFailed,
     StepNotDefined,
     StepStalled,
     StepWaiting,
@@ -55,6 +58,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidTransition",
     "Job",
+    "NonDeterministicRun",
     "NotInStep",
     "NotMigrated",
     "NotOngoing",
@@ -64,6 +68,7 @@ __all__ = [
     "PayloadTooLarge",
     "RateLimit",
     "Schedule",
+    "StepFailed",
     "StepNotDefined",
     "StepStalled",
     "StepWaiting",
@@ -74,6 +79,7 @@ __all__ = [
     "WorkflowError",
     "__version__",
     "backoff",
+    "durable",
     "fan_out",
     "removed_step",
     "step",

@@ -111,7 +111,9 @@ def _attempt(
             return step, gate  # its wait_timeout could not be computed
         context = gate
     if outcome is None:
-        return step, start_body(workflow, context)
+        started = start_body(workflow, context)
+        # A durable function's driver may have recorded checkpoints and moved on to another row.
+        return None if context.applied else (context.step, started)
     return step, outcome
 
 

@@ -131,7 +131,7 @@ def _unknown_signals() -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for name, signal_name, count in sorted(pending):
         cls = registry.get(name)
-        if cls is not None and signal_name not in cls.signal_names():
+        if cls is not None and not cls.accepts_signal(signal_name):
             messages.append(
                 CheckWarning(
                     f"{count} pending signal(s) {signal_name!r} for runs of {name}, whose steps never wait for it.",

@@ -9,9 +9,11 @@ on without a claim.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from ..models import WorkflowStep
+from ..models import WorkflowSignal, WorkflowStep
+from ..services import waiting
 from ..services.chain import Chain
 from ..services.ledger import RunLedger
 from ..services.locks import locked_step
@@ -104,6 +106,39 @@ def record_raised(step: WorkflowStep, error: BaseException, traceback: str) -> W
         details = {"error_class": error_type, "error_message": error_message(error)[:2000], "action": "raise"}
         continue_after(ledger, locked, kind="step_failed", details=details)
         return _carried_on(ledger)
+
+
+def sleep(step: WorkflowStep, wait: timedelta) -> None:
+    """Park checkpoint ``step`` for ``wait``: its next attempt is due then (a reattempt, as a step's)."""
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is not None and locked.status == StepStatus.IN_PROGRESS:
+            apply_outcome(ledger, locked, StepOutcome("reattempt", wait=wait, reason="sleep"))
+
+
+def wait(step: WorkflowStep, signal: str, timeout: timedelta | None) -> tuple[bool, Any] | None:
+    """Take a pending ``signal`` for checkpoint ``step``, else park it until one comes or ``timeout`` passes.
+
+    Returns ``(True, payload)`` when a signal sent earlier was there (kept, as for ``wait_for``
+    steps), ``(False, None)`` when the step parked (the function stops), None when gone.
+    """
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return None
+        pending = waiting.pending_signal(ledger, (signal,))
+        if pending is not None:
+            waiting.consume(ledger, pending, locked)
+            locked.save(update_fields=["signal"])
+            return True, pending.payload
+        waiting.park(ledger, locked, (signal,), None if timeout is None else ledger.now + timeout)
+        return False, None
+
+
+def received(step: WorkflowStep) -> tuple[bool, Any]:
+    """What woke the waiting checkpoint ``step``: ``(True, payload)`` of its signal, ``(True, None)`` at
+    its timeout, ``(False, None)`` when neither (a resumed wait waits again)."""
+    if step.signal_id is not None:
+        return True, WorkflowSignal.objects.values_list("payload", flat=True).get(pk=step.signal_id)
+    return bool(step.timed_out), None
 
 
 def _carried_on(ledger: RunLedger) -> WorkflowStep | None:

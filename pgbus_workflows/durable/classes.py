@@ -58,6 +58,11 @@ class DurableWorkflow(Workflow):
         return frozenset({ENTRY, *cls._checkpoints})
 
     @classmethod
+    def accepts_signal(cls, name: str) -> bool:
+        """Any signal: a function decides as it runs which it waits for (one sent early is kept)."""
+        return True
+
+    @classmethod
     def next_step_after(cls, name: str | None) -> StepDefinition | None:
         """After any row, the function goes on from the top: :data:`ENTRY`."""
         return cls._definition(ENTRY)
@@ -67,12 +72,10 @@ class DurableWorkflow(Workflow):
         base = name.split("#", 1)[0]
         known = cls._checkpoints.get(base)
         if known is None:
-            return StepDefinition(name=name, func=drive)
+            return StepDefinition(name=name, func=drive, on_timeout="run")
+        # A wait's timeout wakes the function, which takes None (on_timeout="run"), in any process.
         return StepDefinition(
-            name=name,
-            func=drive,
-            on_exception=known.on_exception,
-            options=known.options,
+            name=name, func=drive, on_exception=known.on_exception, options=known.options, on_timeout="run"
         )
 
     @classmethod

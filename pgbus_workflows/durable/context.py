@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import traceback as tb
 from collections.abc import Callable
+from datetime import timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..dsl.definitions import OnException, StepDefinition
+from ..dsl.definitions import OnException, StepDefinition, coerce_duration
 from ..exceptions import ConfigurationError, NonDeterministicRun, StepFailed
 from ..services.context import FlowControl, StepContext
 from ..services.payload import encode_payload, storable_text
@@ -86,16 +87,8 @@ class DurableContext:
         checkpoint = self._number(name)
         definition = _definition(name, options)
         position = self._position
-        self._position += 1
-        if position < len(self._replay):
+        if self._replayed(checkpoint):
             done = self._replay[position]
-            if done.name != checkpoint:
-                raise Stopped(
-                    NonDeterministicRun(
-                        f"Checkpoint {checkpoint!r} was reached where the run recorded {done.name!r} "
-                        f"(position {position + 1})"
-                    )
-                )
             if done.failure is not None:
                 raise StepFailed(done.name, *done.failure)
             return done.output
@@ -109,11 +102,69 @@ class DurableContext:
             return self._failed(step, checkpoint, definition, error)
         finally:
             self._current = None
+        self._record(step, output)
+        return output
+
+    def sleep(self, name: str, duration: timedelta | float) -> None:
+        """Park the run for ``duration`` (a timedelta or seconds) at checkpoint ``name``; no thread is held.
+
+        The function runs again from the top when the time has come, replaying to here.
+        """
+        wait = coerce_duration(duration, "ctx.sleep(duration)")
+        checkpoint = self._number(name)
+        if self._replayed(checkpoint):
+            return None
+        step = self._context.step
+        if step.step_name == checkpoint:  # the sleep's next attempt: its time has come
+            self._record(step, None)
+            return None
+        self._rows.sleep(self._take(checkpoint), wait)
+        raise Stopped()
+
+    def wait_for(self, signal: str, timeout: timedelta | float | None = None) -> Any:
+        """The payload of signal ``signal`` (one sent earlier is kept), or None once ``timeout`` passes.
+
+        The run parks until then: no thread, slot or lock is held. The checkpoint is named after
+        the signal (``payment``, ``payment#2``...).
+        """
+        limit = None if timeout is None else coerce_duration(timeout, "ctx.wait_for(timeout)")
+        checkpoint = self._number(signal)
+        position = self._position
+        if self._replayed(checkpoint):
+            return self._replay[position].output
+        step = self._context.step
+        if step.step_name == checkpoint:
+            woken, payload = self._rows.received(step)
+            if woken:
+                self._record(step, payload)
+                return payload
+        found = self._rows.wait(self._take(checkpoint), signal, limit)
+        if found is None or not found[0]:
+            raise Stopped()
+        self._record(self._context.step, found[1])
+        return found[1]
+
+    def _replayed(self, checkpoint: str) -> bool:
+        """True when the run recorded ``checkpoint`` at this position (another name: it stops the run)."""
+        position = self._position
+        self._position += 1
+        if position >= len(self._replay):
+            return False
+        done = self._replay[position]
+        if done.name != checkpoint:
+            raise Stopped(
+                NonDeterministicRun(
+                    f"Checkpoint {checkpoint!r} was reached where the run recorded {done.name!r} "
+                    f"(position {position + 1})"
+                )
+            )
+        return True
+
+    def _record(self, step: WorkflowStep, output: Any) -> None:
         following = self._rows.record(step, output)
         if following is None:
             raise Stopped()
         self._context.step = following
-        return output
 
     def _number(self, name: str) -> str:
         if not isinstance(name, str) or not name or "@" in name or "#" in name:

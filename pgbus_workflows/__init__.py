@@ -14,7 +14,6 @@ from .dsl.definitions import OnException
 from .dsl.jobs import Child, Job
 from .dsl.limits import Concurrency, RateLimit
 from .dsl.schedules import Schedule
-from .durable import durable
 from .exceptions import (
     AlreadyRunning,
     ChildConflict,
@@ -39,6 +38,7 @@ from .exceptions import (
     WorkflowCancelled,
     WorkflowError,
 )
+from .functions import durable
 from .workflow import Workflow
 
 try:

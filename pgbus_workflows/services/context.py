@@ -41,5 +41,5 @@ class StepContext:
     idempotency_key: str | None = None
     #: Set by a durable function's driver that recorded its own outcomes and stopped: the
     #: attempt in hand has nothing left to apply. The driver may also move :attr:`step` on
-    #: to the row that carries the function on (``pgbus_workflows.durable``).
+    #: to the row that carries the function on (``pgbus_workflows.functions``).
     applied: bool = False

@@ -6,8 +6,8 @@ everything is asserted on the rows (steps, events, the side effects table).
 
 import pytest
 
-from pgbus_workflows import durable
-from pgbus_workflows.durable import ENTRY
+from pgbus_workflows import ConfigurationError, durable
+from pgbus_workflows.functions import ENTRY
 from pgbus_workflows.states import RunStatus
 from tests.support import labels, record, steps_of
 
@@ -73,3 +73,37 @@ def test_the_arguments_subject_and_idempotency_key_are_there(helpers):
     helpers.speedrun_workflow(run)
     keys.append(run.result())
     assert keys == [[f"{run.workflow_id}:key", {"n": 4}, None]]
+
+
+@durable(name="durable_the_result_row", allow_multiple=True)
+def the_result_row(ctx):
+    ctx.step("only", lambda: 1)
+    return {"result": True}
+
+
+def test_the_result_is_the_output_of_the_row_named_function(helpers):
+    run = the_result_row.start(None)
+    helpers.speedrun_workflow(run)
+    last = steps_of(run)[-1]
+    assert (last.step_name, last.output) == (ENTRY, {"result": True})
+    assert run.result() == {"result": True}
+
+
+def test_bad_declarations_and_calls_raise_configuration_error(helpers):
+    with pytest.raises(ConfigurationError, match="not stages"):
+        durable(name="durable_bad", stages=3)
+
+    @durable(name="durable_bad_names", allow_multiple=True)
+    def bad_names(ctx, name, option):
+        return ctx.step(name, lambda: 1, **option)
+
+    for name, option in (("a@b", {}), ("a#2", {}), ("", {}), ("ok", {"queue": "fast"}), ("ok", {"on_exception": 3})):
+        run = bad_names.start(None, name=name, option=option)
+        helpers.speedrun_workflow(run)
+        assert run.reload().status == RunStatus.PAUSED
+        assert "ConfigurationError" in run.record.paused_reason
+
+
+def test_a_durable_class_accepts_a_signal_of_any_name():
+    run = the_result_row.start(None)
+    assert not run.signal("anything", {"n": 1}).duplicate_delivery

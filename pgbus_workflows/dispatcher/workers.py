@@ -239,7 +239,9 @@ class WorkerPool(WorkQueues):
             if isinstance(done, tuple):
                 started = done[1]
                 if not isinstance(started, Awaiting):
-                    return step, started
+                    if done[0] is not step:  # a durable function moved on to another row: that one is applied
+                        self._release([step])
+                    return done[0], started
                 if self._submitted(step, started):
                     return None
                 held = self._await_held(step, started)  # the loop is full: this thread waits for it

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ..dsl.definitions import StepDefinition
+from ..dsl.deploy import ANY_STEP
 from ..exceptions import ConfigurationError
 from ..workflow import Workflow
 from .context import drive
@@ -54,8 +55,8 @@ class DurableWorkflow(Workflow):
 
     @classmethod
     def known_step_names(cls) -> frozenset[str]:
-        """The entry and the checkpoints this process has met (any name runs, see ``step_definition``)."""
-        return frozenset({ENTRY, *cls._checkpoints})
+        """Any name (``ANY_STEP``): every checkpoint is the function's (see ``step_definition``)."""
+        return frozenset({ENTRY, ANY_STEP})
 
     @classmethod
     def accepts_signal(cls, name: str) -> bool:

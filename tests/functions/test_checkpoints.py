@@ -7,6 +7,7 @@ everything is asserted on the rows (steps, events, the side effects table).
 import pytest
 
 from pgbus_workflows import ConfigurationError, durable
+from pgbus_workflows.dsl.deploy import can_run_step
 from pgbus_workflows.functions import ENTRY
 from pgbus_workflows.states import RunStatus
 from tests.support import labels, record, steps_of
@@ -107,3 +108,9 @@ def test_bad_declarations_and_calls_raise_configuration_error(helpers):
 def test_a_durable_class_accepts_a_signal_of_any_name():
     run = the_result_row.start(None)
     assert not run.signal("anything", {"n": 1}).duplicate_delivery
+
+
+def test_a_dispatcher_knows_every_checkpoint_name_of_a_durable_class():
+    assert can_run_step("durable_pages", "page#41")
+    assert can_run_step("durable_pages", ENTRY)
+    assert not can_run_step("durable_no_such_class", "page")

@@ -23,12 +23,14 @@ from .exceptions import (
     FanOutFailed,
     IdempotencyConflict,
     InvalidTransition,
+    NonDeterministicRun,
     NotInStep,
     NotMigrated,
     NotOngoing,
     NotPaused,
     PayloadNotSerializable,
     PayloadTooLarge,
+    StepFailed,
     StepNotDefined,
     StepStalled,
     StepWaiting,
@@ -37,6 +39,7 @@ from .exceptions import (
     WorkflowCancelled,
     WorkflowError,
 )
+from .functions import durable
 from .workflow import Workflow
 
 if TYPE_CHECKING:
@@ -73,6 +76,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidTransition",
     "Job",
+    "NonDeterministicRun",
     "NotInStep",
     "NotMigrated",
     "NotOngoing",
@@ -82,6 +86,7 @@ __all__ = [
     "PayloadTooLarge",
     "RateLimit",
     "Schedule",
+    "StepFailed",
     "StepNotDefined",
     "StepStalled",
     "StepWaiting",
@@ -92,6 +97,7 @@ __all__ = [
     "WorkflowError",
     "__version__",
     "backoff",
+    "durable",
     "fan_out",
     "hold_class",
     "hold_queue",

@@ -20,6 +20,7 @@ from django.db.models import Count
 
 from .conf import settings
 from .dsl.declared import registry
+from .dsl.deploy import knows_step
 from .models import Dispatcher, SignalStatus, WorkflowRun, WorkflowSchedule, WorkflowSignal, WorkflowStep
 from .services.deploys import removed_steps_in_flight
 from .sql import clock, functions
@@ -91,7 +92,7 @@ def _unknown_runs() -> list[CheckMessage]:
     steps = _active_steps().values_list("run__workflow_class", "step_name").annotate(n=Count("pk")).order_by()
     for name, step_name, count in sorted(steps):
         cls = registry.get(name)
-        if cls is not None and step_name not in cls.known_step_names():
+        if cls is not None and not knows_step(cls.known_step_names(), step_name):
             messages.append(
                 CheckWarning(
                     f"{count} ongoing run(s) of {name} are on step {step_name!r}, which the class does not define.",
@@ -131,7 +132,7 @@ def _unknown_signals() -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for name, signal_name, count in sorted(pending):
         cls = registry.get(name)
-        if cls is not None and signal_name not in cls.signal_names():
+        if cls is not None and not cls.accepts_signal(signal_name):
             messages.append(
                 CheckWarning(
                     f"{count} pending signal(s) {signal_name!r} for runs of {name}, whose steps never wait for it.",

@@ -107,3 +107,25 @@ class TestHelperError(WorkflowError):
     """A test helper was asked to move a run that it cannot move in its current state."""
 
     __test__ = False  # not a pytest test class
+
+
+class StepFailed(WorkflowError):
+    """A durable function's checkpoint failed with ``on_exception="raise"``: raised into the function.
+
+    ``step`` is the checkpoint's name (``page#2``), ``exception_type`` the dotted class of what its
+    body raised and ``message`` its text; the same on every replay of the function.
+    """
+
+    def __init__(self, step: str, exception_type: str, message: str) -> None:
+        super().__init__(f"Checkpoint {step} failed: {exception_type}: {message}")
+        self.step = step
+        self.exception_type = exception_type
+        self.message = message
+
+
+class NonDeterministicRun(WorkflowError):
+    """A durable function's replay met another checkpoint than the one recorded at that position.
+
+    The run pauses with this error, naming both: the code changed under a running function, or it
+    decides its checkpoints from something that is not recorded (the clock, random numbers).
+    """

@@ -258,6 +258,9 @@ class WorkerPool:
         try:
             begun = begin_step(step, chain=chain, verify=verify)
             if begun.kind == "to_apply":
+                if begun.step is not None and begun.step is not step:  # a durable function moved on
+                    self.taking.release([step])
+                    return begun.step, cast(StepOutcome, begun.outcome)
                 return step, cast(StepOutcome, begun.outcome)
             if begun.awaiting is not None:
                 if self._submitted(step, begun.awaiting):

@@ -217,6 +217,11 @@ class DeclaredWorkflow(metaclass=WorkflowMeta):
         return frozenset(n for s in cls._step_definitions for n in s.wait_for) | frozenset(cls.extra_signals)
 
     @classmethod
+    def accepts_signal(cls, name: str) -> bool:
+        """Whether a signal named ``name`` may be sent to a run of the class (:meth:`signal_names`)."""
+        return name in cls.signal_names()
+
+    @classmethod
     def require_step(cls, name: str) -> StepDefinition:
         """The live definition of ``name``; raises :class:`StepNotDefined` listing the steps."""
         definition = cls.step_definition(name)

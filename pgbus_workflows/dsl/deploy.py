@@ -16,6 +16,9 @@ from ..exceptions import ConfigurationError
 from .declared import DeclaredWorkflow, registry
 from .jobs import resolve_job
 
+#: In a class's known step names: it runs a step of any name (a durable function's checkpoints).
+ANY_STEP = "*"
+
 _known_steps: dict[type, frozenset[str]] = {}
 _importable: dict[str, bool] = {}
 
@@ -30,7 +33,12 @@ def _step_names(cls: type[DeclaredWorkflow]) -> frozenset[str]:
 def can_run_step(workflow_class: str, step_name: str) -> bool:
     """True when this process's code has the class and knows the step (or its gravestone, or an old name)."""
     cls = registry.get(workflow_class)
-    return cls is not None and step_name in _step_names(cls)
+    return cls is not None and knows_step(_step_names(cls), step_name)
+
+
+def knows_step(names: frozenset[str] | set[str] | tuple[str, ...], step_name: str) -> bool:
+    """True when ``names`` (a class's known step names, or a catalog's) take ``step_name``."""
+    return step_name in names or ANY_STEP in names
 
 
 def can_run_job(path: str) -> bool:

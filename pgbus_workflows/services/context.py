@@ -39,3 +39,7 @@ class StepContext:
     kept_output: Any = None
     #: ``step_idempotency_key``, once read (an ``async def`` body's is read before it starts).
     idempotency_key: str | None = None
+    #: Set by a durable function's driver that recorded its own outcomes and stopped: the
+    #: attempt in hand has nothing left to apply. The driver may also move :attr:`step` on
+    #: to the row that carries the function on (``pgbus_workflows.functions``).
+    applied: bool = False

@@ -23,7 +23,7 @@ from django.db.models import Count
 from .. import sql
 from ..conf import settings
 from ..dsl.declared import DeclaredWorkflow, registry
-from ..dsl.deploy import catalog
+from ..dsl.deploy import catalog, knows_step
 from ..models import Dispatcher, WorkflowRun, WorkflowStep
 from ..states import RunStatus, StepStatus
 from . import waiting
@@ -68,7 +68,9 @@ def pause_unknown_steps(now: datetime, failures: RowFailures | None = None) -> i
         .order_by("scheduled_at", "pk")
         .values_list("pk", "run_id", "run__workflow_class", "step_name")[:SCAN_LIMIT]
     )
-    rows = [(pk, run_pk) for pk, run_pk, name, step in overdue if step not in known.get(name, ())][:BATCH_SIZE]
+    rows = [(pk, run_pk) for pk, run_pk, name, step in overdue if not knows_step(known.get(name, ()), step)][
+        :BATCH_SIZE
+    ]
     return sum(
         failures.act("unknown_steps", step_pk, run_pk, partial(_pause_unknown, step_pk, run_pk, now, known))
         for step_pk, run_pk in rows
@@ -80,7 +82,7 @@ def _pause_unknown(step_pk: int, run_pk: int, now: datetime, known: dict[str, se
         run = ledger.run
         if run.status != RunStatus.READY or step is None or step.status != StepStatus.SCHEDULED:
             return False
-        if step.step_name in known.get(run.workflow_class, ()):
+        if knows_step(known.get(run.workflow_class, ()), step.step_name):
             return False
         grace = settings.UNKNOWN_STEP_GRACE
         where = "class" if run.workflow_class not in known else "step"

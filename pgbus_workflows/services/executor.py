@@ -76,7 +76,7 @@ def perform_step(
     if begun.awaiting is not None:
         return step, begun.awaiting.run_here()
     if begun.kind == "to_apply":
-        return step, cast(StepOutcome, begun.outcome)
+        return begun.step or step, cast(StepOutcome, begun.outcome)
     return begun.outcome  # applied already, or None
 
 
@@ -96,6 +96,9 @@ class Begun:
     outcome: StepOutcome | None = None
     #: The coroutine of ``"awaiting"``, which settles into the outcome to apply.
     awaiting: Awaiting[StepOutcome] | None = None
+    #: The attempt the outcome is for, when not the one begun: a durable function's driver
+    #: records the claimed attempt's checkpoints and goes on on a row of its own (``functions``).
+    step: WorkflowStep | None = None
 
 
 #: Nothing to apply (one instance: it carries nothing).
@@ -139,9 +142,12 @@ def _attempt(step: WorkflowStep, chain: Chain | None) -> Begun:
         context = gate
     if outcome is None:
         started = start_body(workflow, context)
+        if context.applied:  # a durable function's driver applied its checkpoints' outcomes itself
+            return NOTHING
+        # ``context.step``: a durable function's driver may have moved on to another row.
         if isinstance(started, Awaiting):
-            return Begun("awaiting", awaiting=started)
-        return Begun("to_apply", outcome=started)
+            return Begun("awaiting", awaiting=started, step=context.step)
+        return Begun("to_apply", outcome=started, step=context.step)
     return Begun("to_apply", outcome=outcome)
 
 

@@ -81,7 +81,7 @@ def check_signal_input(name: Any, idempotency_key: Any, actor: Any = None) -> No
 
 def check_signal_name(cls: type[DeclaredWorkflow], name: str) -> None:
     """Raise :class:`UnknownSignal` unless a step of ``cls`` waits for ``name`` (or ``extra_signals`` lists it)."""
-    if registry.get(cls.name) is not cls or name in cls.signal_names():  # a class this code lacks: any name
+    if registry.get(cls.name) is not cls or cls.accepts_signal(name):  # a class this code lacks: any name
         return
     names = sorted(cls.signal_names())
     close = difflib.get_close_matches(name, names, n=1)

@@ -147,7 +147,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     # A volatile call keeps the CTE apart (evaluated once); it is selected so it is evaluated at all.
     flag = "set_config('synchronous_commit', 'off', true)" if without_flush else "NULL::text"
     ahead = f"SELECT {flag} AS flag, l.* FROM ({look_ahead(conn, queues)}) l(next_due_at, jobs_due)"
-    known = "SELECT * FROM due WHERE (%(catalog)s::jsonb -> class_name) ? step_name"
+    # A class whose code runs any step name (``dsl.deploy.ANY_STEP``: a durable function) lists "*".
+    known = "SELECT * FROM due WHERE (%(catalog)s::jsonb -> class_name) ?| ARRAY[step_name, '*']"
     head = ", ".join(f"{expression} AS {name}" for name, expression in _HEAD.items())
     return (
         "WITH RECURSIVE limit_clock AS (SELECT %(now)s::timestamptz AS at), "

@@ -1,0 +1,148 @@
+"""A durable function's checkpoints in the rows: what a run recorded, and recording one more.
+
+The recorded checkpoints are read in one query when the function starts; each new checkpoint's
+outcome is written under the run's lock by ``apply_outcome``, with the row that carries the
+function on (:data:`ENTRY`) inserted already claimed by the same worker, so the function goes
+on without a claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from ..models import WorkflowSignal, WorkflowStep
+from ..services import waiting
+from ..services.chain import Chain
+from ..services.ledger import RunLedger
+from ..services.locks import locked_step
+from ..services.outcome import StepOutcome, apply_outcome, continue_after, error_message
+from ..states import StepOutcomeKind, StepStatus
+from .names import ENTRY, RAISED, class_name
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A checkpoint the run recorded: its output, or the failure raised into the function."""
+
+    name: str
+    output: Any = None
+    #: ``(exception_type, message)`` of a checkpoint that failed with ``on_exception="raise"``.
+    failure: tuple[str, str] | None = None
+
+
+def recorded(run_pk: int) -> list[Recorded]:
+    """The run's checkpoints in the order the function first reached them, up to the first not done.
+
+    One query. A checkpoint is done when its latest attempt succeeded, or failed with
+    ``on_exception="raise"``; a later attempt of a name (a resume) replaces an earlier one.
+    """
+    latest: dict[str, tuple[str, str, Any, str, str]] = {}
+    for name, status, outcome, output, error_class, message in (
+        WorkflowStep.objects.filter(run_id=run_pk)
+        .exclude(step_name=ENTRY)
+        .order_by("id")
+        .values_list("step_name", "status", "outcome", "output", "error_class", "error_message")
+    ):
+        latest[name] = (status, outcome, output, error_class, message)  # dicts keep the first insertion's order
+    done = []
+    for name, (status, outcome, output, error_class, message) in latest.items():
+        if status == StepStatus.COMPLETED and outcome == StepOutcomeKind.SUCCESS:
+            done.append(Recorded(name, output))
+        elif status == StepStatus.FAILED and output == RAISED:
+            done.append(Recorded(name, failure=(error_class, message)))
+        else:
+            break
+    return done
+
+
+def adopt(step: WorkflowStep, name: str) -> WorkflowStep | None:
+    """Rename the in-progress row ``step`` to the checkpoint ``name`` the function reached; None when gone.
+
+    Under the run's lock: the row then is that checkpoint's first attempt, which the engine
+    (its exception policy, a resume, the admin) looks up by that name.
+    """
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return None
+        locked.step_name, locked.attempt = name, 1
+        locked.save(update_fields=["step_name", "attempt"])
+        ledger.set_run(current_step=name)
+        locked.run = ledger.run
+        return locked
+
+
+def record(step: WorkflowStep, output: Any) -> WorkflowStep | None:
+    """Complete checkpoint ``step`` with ``output``; returns the claimed row that carries the function on.
+
+    None when the function must stop here: the attempt is no longer in progress (cancelled, or
+    stalled by the sweep), or the run was paused meanwhile (its next row is then held).
+    """
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return None
+        ledger.claim_for = Chain(claimed_by=locked.claimed_by)
+        apply_outcome(ledger, locked, StepOutcome("success", output=output))
+        return _carried_on(ledger)
+
+
+def record_raised(step: WorkflowStep, error: BaseException, traceback: str) -> WorkflowStep | None:
+    """Fail checkpoint ``step`` with ``error`` to raise it into the function; as :func:`record`."""
+    error_type = class_name(error)
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return None
+        ledger.claim_for = Chain(claimed_by=locked.claimed_by)
+        ledger.move_step(
+            locked,
+            "fail",
+            outcome=StepOutcomeKind.FAILED,
+            output=RAISED,
+            error_class=error_type[:255],
+            error_message=error_message(error),
+            traceback=traceback,
+        )
+        details = {"error_class": error_type, "error_message": error_message(error)[:2000], "action": "raise"}
+        continue_after(ledger, locked, kind="step_failed", details=details)
+        return _carried_on(ledger)
+
+
+def sleep(step: WorkflowStep, wait: timedelta) -> None:
+    """Park checkpoint ``step`` for ``wait``: its next attempt is due then (a reattempt, as a step's)."""
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is not None and locked.status == StepStatus.IN_PROGRESS:
+            apply_outcome(ledger, locked, StepOutcome("reattempt", wait=wait, reason="sleep"))
+
+
+def wait(step: WorkflowStep, signal: str, timeout: timedelta | None) -> tuple[bool, Any] | None:
+    """Take a pending ``signal`` for checkpoint ``step``, else park it until one comes or ``timeout`` passes.
+
+    Returns ``(True, payload)`` when a signal sent earlier was there (kept, as for ``wait_for``
+    steps), ``(False, None)`` when the step parked (the function stops), None when gone.
+    """
+    with locked_step(step.run_id, step.pk) as (ledger, locked):
+        if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            return None
+        pending = waiting.pending_signal(ledger, (signal,))
+        if pending is not None:
+            waiting.consume(ledger, pending, locked)
+            locked.save(update_fields=["signal"])
+            return True, pending.payload
+        waiting.park(ledger, locked, (signal,), None if timeout is None else ledger.now + timeout)
+        return False, None
+
+
+def received(step: WorkflowStep) -> tuple[bool, Any]:
+    """What woke the waiting checkpoint ``step``: ``(True, payload)`` of its signal, ``(True, None)`` at
+    its timeout, ``(False, None)`` when neither (a resumed wait waits again)."""
+    if step.signal_id is not None:
+        return True, WorkflowSignal.objects.values_list("payload", flat=True).get(pk=step.signal_id)
+    return bool(step.timed_out), None
+
+
+def _carried_on(ledger: RunLedger) -> WorkflowStep | None:
+    following = ledger.claim_chained()
+    if following is not None:
+        following.run = ledger.run
+    return following

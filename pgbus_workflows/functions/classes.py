@@ -1,0 +1,117 @@
+"""``@durable``: a function ``fn(ctx, **arguments)`` as a registered ``Workflow`` subclass.
+
+A durable class has no fixed list of steps. Every checkpoint the function reaches is a step row
+of its own, named by the checkpoint, and every name maps to one driver body that calls the
+function from the top (``context.drive``). The run's first row, and the row that carries the
+function on after a checkpoint, is named :data:`ENTRY` until the function reaches its next
+checkpoint, which renames it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ..dsl.definitions import StepDefinition
+from ..dsl.deploy import ANY_STEP
+from ..exceptions import ConfigurationError
+from ..workflow import Workflow
+from .context import drive
+from .names import ENTRY
+
+#: The class attributes ``@durable`` passes on to the class it makes.
+CLASS_ATTRIBUTES = (
+    "allow_multiple",
+    "exception_policies",
+    "step_options",
+    "debounce",
+    "concurrency",
+    "rate_limit",
+    "schedules",
+    "allow_missing_subject",
+    "extra_signals",
+)
+
+
+class DurableWorkflow(Workflow):
+    """The base of the classes ``@durable`` makes: any step name is a checkpoint of the function."""
+
+    abstract = True
+    #: The function: ``fn(ctx, **arguments)``; its return is the run's result.
+    function: ClassVar[Callable[..., Any]]
+    #: The options each checkpoint name (without its ``#n``) was last called with, for the
+    #: engine's look-ups made after the body (the exception policy of a failed checkpoint).
+    _checkpoints: ClassVar[dict[str, StepDefinition]]
+
+    @classmethod
+    def step_definitions(cls) -> tuple[StepDefinition, ...]:
+        """The entry row's definition: the only step known before the function runs."""
+        return (cls._definition(ENTRY),)
+
+    @classmethod
+    def step_definition(cls, name: str) -> StepDefinition | None:
+        """Every name is the function's: a checkpoint's name, or :data:`ENTRY`."""
+        return cls._definition(name)
+
+    @classmethod
+    def known_step_names(cls) -> frozenset[str]:
+        """Any name (``ANY_STEP``): every checkpoint is the function's (see ``step_definition``)."""
+        return frozenset({ENTRY, ANY_STEP})
+
+    @classmethod
+    def accepts_signal(cls, name: str) -> bool:
+        """Any signal: a function decides as it runs which it waits for (one sent early is kept)."""
+        return True
+
+    @classmethod
+    def next_step_after(cls, name: str | None) -> StepDefinition | None:
+        """After any row, the function goes on from the top: :data:`ENTRY`."""
+        return cls._definition(ENTRY)
+
+    @classmethod
+    def _definition(cls, name: str) -> StepDefinition:
+        base = name.split("#", 1)[0]
+        known = cls._checkpoints.get(base)
+        if known is None:
+            return StepDefinition(name=name, func=drive, on_timeout="run")
+        # A wait's timeout wakes the function, which takes None (on_timeout="run"), in any process.
+        return StepDefinition(
+            name=name, func=drive, on_exception=known.on_exception, options=known.options, on_timeout="run"
+        )
+
+    @classmethod
+    def remember(cls, definition: StepDefinition) -> None:
+        """Keep the options a checkpoint was called with (``definition.name`` without its ``#n``)."""
+        cls._checkpoints[definition.name] = definition
+
+
+def durable(name: str | None = None, **attributes: Any) -> Callable[[Callable[..., Any]], type[DurableWorkflow]]:
+    """Turn ``fn(ctx, **arguments)`` into a ``Workflow`` subclass registered under ``name``.
+
+    ``attributes`` are the class attributes of any workflow (``allow_multiple``,
+    ``exception_policies``, ``concurrency``...); ``name`` defaults to the function's dotted path.
+    ``start(subject, **arguments)`` passes the arguments to ``fn`` by keyword.
+    """
+    unknown = set(attributes) - set(CLASS_ATTRIBUTES)
+    if unknown:
+        raise ConfigurationError(
+            f"@durable takes {', '.join(CLASS_ATTRIBUTES)} and name, not {', '.join(sorted(unknown))}"
+        )
+
+    def make(fn: Callable[..., Any]) -> type[DurableWorkflow]:
+        if not callable(fn):
+            raise ConfigurationError(f"@durable decorates a function, not {fn!r}")
+        namespace: dict[str, Any] = {
+            **attributes,
+            "abstract": False,
+            "function": staticmethod(fn),
+            "_checkpoints": {},
+            "__module__": fn.__module__,
+            "__qualname__": fn.__qualname__,
+            "__doc__": fn.__doc__,
+        }
+        if name is not None:
+            namespace["name"] = name
+        return type(fn.__name__, (DurableWorkflow,), namespace)
+
+    return make

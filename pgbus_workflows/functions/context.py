@@ -1,0 +1,245 @@
+"""``ctx``: what a durable function calls, and the driver body that runs the function from the top.
+
+Each run of the function replays: ``ctx.step`` of a recorded checkpoint returns its output
+without calling its body; the first new checkpoint runs its body, which is recorded before the
+function goes on. The function stops (:class:`Stopped`) where the engine must take over: a
+checkpoint failed and its policy reattempts or pauses, the run was paused or cancelled, the
+attempt was taken from it.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from collections.abc import Callable
+from datetime import timedelta
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ..dsl.definitions import OnException, StepDefinition, coerce_duration
+from ..exceptions import ConfigurationError, NonDeterministicRun, StepFailed
+from ..services.context import FlowControl, StepContext
+from ..services.payload import encode_payload, storable_text
+from .names import ENTRY, class_name
+
+if TYPE_CHECKING:
+    from ..models import WorkflowStep
+    from .checkpoints import Recorded
+
+#: What ``ctx.step`` takes beside the name and the body (the others of a step come later).
+STEP_OPTIONS = ("on_exception",)
+
+
+class Stopped(BaseException):
+    """The function stops here; the engine goes on from the rows (a BaseException, see below).
+
+    It derives from ``BaseException`` so that the function's own ``except Exception:`` cannot
+    swallow it and run on past a checkpoint the engine has not recorded.
+    """
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        super().__init__()
+        #: The error the attempt in hand ends with (its policy decides); None: nothing to apply.
+        self.error = error
+
+
+class DurableContext:
+    """The ``ctx`` a durable function receives: checkpoints, and what the run is about."""
+
+    def __init__(self, workflow: Any, context: StepContext, rows: ModuleType, replay: list[Recorded]) -> None:
+        self._workflow = workflow
+        #: ``durable.checkpoints``, which writes the rows (passed in: it imports the models).
+        self._rows = rows
+        self._context = context
+        self._replay = replay
+        self._position = 0
+        self._counts: dict[str, int] = {}
+        self._current: str | None = None
+
+    @property
+    def subject(self) -> Any:
+        """The run's subject (a model instance), or None."""
+        return self._workflow.subject
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """The run's arguments, as ``start`` stored them."""
+        return dict(self._workflow.arguments)
+
+    @property
+    def workflow_id(self) -> str:
+        """The run's ``workflow_id``."""
+        return str(self._workflow.record.workflow_id)
+
+    @property
+    def step_idempotency_key(self) -> str:
+        """``<workflow_id>:<checkpoint>`` while a checkpoint's body runs: the same on every attempt."""
+        if self._current is None:
+            raise ConfigurationError("ctx.step_idempotency_key is only there while a checkpoint's body runs")
+        return f"{self.workflow_id}:{self._current}"
+
+    def step(self, name: str, fn: Callable[[], Any], **options: Any) -> Any:
+        """Run checkpoint ``name`` once: ``fn()``'s JSON return, recorded, then replayed on later runs.
+
+        The n-th call of one name is the checkpoint ``name#n``. ``on_exception`` is an
+        ``OnException`` (or a list of them) as for a step, or ``"raise"``: the failure is recorded
+        and :class:`StepFailed` raised into the function, then and on every replay.
+        """
+        checkpoint = self._number(name)
+        definition = _definition(name, options)
+        position = self._position
+        if self._replayed(checkpoint):
+            done = self._replay[position]
+            if done.failure is not None:
+                raise StepFailed(done.name, *done.failure)
+            return done.output
+        type(self._workflow).remember(definition)
+        step = self._take(checkpoint)
+        self._current = checkpoint
+        try:
+            value = fn()
+            output = None if value is None else encode_payload(value, f"{checkpoint} output")
+        except Exception as error:
+            return self._failed(step, checkpoint, definition, error)
+        finally:
+            self._current = None
+        self._record(step, output)
+        return output
+
+    def sleep(self, name: str, duration: timedelta | float) -> None:
+        """Park the run for ``duration`` (a timedelta or seconds) at checkpoint ``name``; no thread is held.
+
+        The function runs again from the top when the time has come, replaying to here.
+        """
+        wait = coerce_duration(duration, "ctx.sleep(duration)")
+        checkpoint = self._number(name)
+        if self._replayed(checkpoint):
+            return None
+        step = self._context.step
+        if step.step_name == checkpoint:  # the sleep's next attempt: its time has come
+            self._record(step, None)
+            return None
+        self._rows.sleep(self._take(checkpoint), wait)
+        raise Stopped()
+
+    def wait_for(self, signal: str, timeout: timedelta | float | None = None) -> Any:
+        """The payload of signal ``signal`` (one sent earlier is kept), or None once ``timeout`` passes.
+
+        The run parks until then: no thread, slot or lock is held. The checkpoint is named after
+        the signal (``payment``, ``payment#2``...).
+        """
+        limit = None if timeout is None else coerce_duration(timeout, "ctx.wait_for(timeout)")
+        checkpoint = self._number(signal)
+        position = self._position
+        if self._replayed(checkpoint):
+            return self._replay[position].output
+        step = self._context.step
+        if step.step_name == checkpoint:
+            woken, payload = self._rows.received(step)
+            if woken:
+                self._record(step, payload)
+                return payload
+        found = self._rows.wait(self._take(checkpoint), signal, limit)
+        if found is None or not found[0]:
+            raise Stopped()
+        self._record(self._context.step, found[1])
+        return found[1]
+
+    def _replayed(self, checkpoint: str) -> bool:
+        """True when the run recorded ``checkpoint`` at this position (another name: it stops the run)."""
+        position = self._position
+        self._position += 1
+        if position >= len(self._replay):
+            return False
+        done = self._replay[position]
+        if done.name != checkpoint:
+            raise Stopped(
+                NonDeterministicRun(
+                    f"Checkpoint {checkpoint!r} was reached where the run recorded {done.name!r} "
+                    f"(position {position + 1})"
+                )
+            )
+        return True
+
+    def _record(self, step: WorkflowStep, output: Any) -> None:
+        following = self._rows.record(step, output)
+        if following is None:
+            raise Stopped()
+        self._context.step = following
+
+    def _number(self, name: str) -> str:
+        if not isinstance(name, str) or not name or "@" in name or "#" in name:
+            raise ConfigurationError(f"A checkpoint's name is a non-empty string without '@' or '#', got {name!r}")
+        count = self._counts[name] = self._counts.get(name, 0) + 1
+        return name if count == 1 else f"{name}#{count}"
+
+    def _take(self, checkpoint: str) -> WorkflowStep:
+        """The in-progress row for ``checkpoint``: the row carrying the function on, renamed, or its retry."""
+        step = self._context.step
+        if step.step_name == checkpoint:
+            return step
+        if step.step_name != ENTRY:
+            raise Stopped(
+                NonDeterministicRun(
+                    f"Checkpoint {checkpoint!r} was reached where the run was due at {step.step_name!r}"
+                )
+            )
+        adopted: WorkflowStep | None = self._rows.adopt(step, checkpoint)
+        if adopted is None:
+            raise Stopped()
+        self._context.step = adopted
+        return adopted
+
+    def _failed(self, step: WorkflowStep, checkpoint: str, definition: StepDefinition, error: Exception) -> Any:
+        raising = definition.options.get("raise", False)
+        if raising:
+            text = storable_text("".join(tb.format_exception(type(error), error, error.__traceback__)))
+            following = self._rows.record_raised(step, error, text)
+            if following is None:
+                raise Stopped()
+            self._context.step = following
+            failed = StepFailed(checkpoint, class_name(error), str(error))
+            raise failed from error
+        raise Stopped(error)
+
+
+def _definition(name: str, options: dict[str, Any]) -> StepDefinition:
+    unknown = set(options) - set(STEP_OPTIONS)
+    if unknown:
+        raise ConfigurationError(
+            f"ctx.step takes {', '.join(STEP_OPTIONS)} (the other step options are not there yet), "
+            f"not {', '.join(sorted(unknown))}"
+        )
+    policy = options.get("on_exception")
+    if policy == "raise":
+        return StepDefinition(name=name, func=None, options={"raise": True})
+    if policy is None or isinstance(policy, OnException):
+        return StepDefinition(name=name, func=None, on_exception=policy)
+    raise ConfigurationError(f'ctx.step(on_exception=) takes an OnException or "raise", got {policy!r}')
+
+
+def drive(workflow: Any) -> Any:
+    """The body of every row of a durable class: run the function from the top, replaying.
+
+    Its return finishes the run with that result. An error to apply (a checkpoint's, the
+    function's own) is raised for the engine's policies; nothing to apply is marked on the
+    step context (``applied``).
+    """
+    from . import checkpoints  # deferred: the package root loads this module before the app registry
+
+    context: StepContext = workflow._context
+    ctx = DurableContext(workflow, context, checkpoints, checkpoints.recorded(workflow.record.pk))
+    cls = type(workflow)
+    try:
+        value = cls.function(ctx, **workflow.arguments)
+    except Stopped as stopped:
+        workflow._context = context
+        if stopped.error is None:
+            context.applied = True
+            return None
+        raise stopped.error from None
+    workflow._context = context
+    if context.step.step_name != ENTRY:
+        raise NonDeterministicRun(
+            f"The function returned where the run was due at checkpoint {context.step.step_name!r}"
+        )
+    raise FlowControl("finished", value=value)

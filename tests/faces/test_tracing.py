@@ -231,6 +231,7 @@ class AttemptSpanTests(WorkflowTestMixin, TestCase):
         self.assertEqual(kept, ",".join(f"v{i:02d}={'y' * 40}" for i in range(11)))  # 11 * 45 - 1 = 494
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp_path):
     spans = tmp_path / "spans.jsonl"
@@ -250,6 +251,7 @@ def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp
         assert span["attributes"]["pgbus_workflows.outcome"] == "success"
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_an_async_body_awaited_on_the_dispatcher_s_loop_ends_its_span_with_its_outcome(dispatchers, tmp_path):
     spans = tmp_path / "spans.jsonl"
@@ -272,6 +274,7 @@ def test_an_async_body_awaited_on_the_dispatcher_s_loop_ends_its_span_with_its_o
     )
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_without_either_extra_runs_start_and_run_and_save_no_context():
     script = (

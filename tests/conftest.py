@@ -3,9 +3,10 @@
 Every test that starts a process (a dispatcher, ``manage.py``, pytest, PgBouncer) is marked
 ``processes``, every one that drives Chromium ``browser``, the long harnesses ``slow``: the
 fast loop, ``bash scripts/test -m "not processes and not browser and not slow"``, leaves
-them out. The markers are given here, from the fixtures a test asks for and the module it
-is in, and they are kept true: a test not marked ``processes`` or ``browser`` that starts a
-process fails, naming the marker it lacks.
+them out. The markers are set on the tests themselves (``pytestmark`` in a module, a decorator
+on a test) and kept true here: a test not marked ``processes`` or ``browser`` that starts a
+process fails, naming the marker it lacks, and collection stops at a test whose file name
+(``*_processes.py``, ``*_browser.py``) or fixtures say a kind it is not marked with.
 """
 
 import subprocess
@@ -70,54 +71,27 @@ def dispatchers():
         process.stop()
 
 
-#: Modules whose every test starts processes (beyond those named ``*_processes.py``).
-PROCESS_MODULES = {
-    "test_chaos",
-    "test_state_machine",
-    "test_pgbouncer",
-    "test_sqlite_smoke",
-    "test_checks_sqlite",
-    "test_cli_failures",
-    "test_deploy_checks_fresh",
-    "test_markers",
-}
-#: Tests that start processes in modules of mostly in-process tests (``module::name``, parameters aside).
-PROCESS_TESTS = {
-    "test_claims::test_a_dispatcher_waits_quietly_beside_a_due_step_it_cannot_run",
-    "test_cli_schedules::test_a_real_process_exits_0_when_done_and_1_with_one_line_when_refused",
-    "test_dispatcher::test_the_commands_logs_go_to_the_projects_handlers_or_else_to_its_stdout",
-    "test_dispatcher_signals::test_a_sigterm_during_the_first_heartbeat_leaves_no_dispatcher_row",
-    "test_dispatcher_signals::test_a_sigterm_at_any_line_of_the_loops_round_stops_the_dispatcher",
-    "test_metrics::test_without_prometheus_client_the_app_works_and_the_module_names_the_extra",
-    "test_metrics::test_a_bad_metrics_port_is_refused_by_the_command_line",
-    "test_readme_notes::test_the_browser_tests_are_skipped_without_chromium",
-    "test_registry_and_settings::test_the_simple_app_config_does_not_discover",
-    "test_registry_and_settings::test_autodiscovery_imports_each_app_s_workflows_module_at_setup",
-    "test_registry_and_settings::test_autodiscover_module_none_turns_discovery_off",
-    "test_tracing::test_without_either_extra_runs_start_and_run_and_save_no_context",
-    "test_wakeups::test_when_the_first_dies_a_follower_takes_the_work_and_when_it_stops_another_is_first",
-}
-#: Fixtures that start processes.
+#: Fixtures that start processes: a test that asks for one is marked ``processes``.
 PROCESS_FIXTURES = {"dispatchers", "pgbouncer", "two_dispatchers"}
-#: Modules of the long harnesses (minutes each): the chaos runs and the state machine's property test.
-SLOW_MODULES = {"test_chaos", "test_state_machine"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its kind: ``browser``, ``processes`` (and ``slow``)."""
+    """Refuse a test whose marker its file's name or its fixtures contradict (the markers are set on the tests).
+
+    A ``*_processes.py`` module's tests and a test asking for a fixture that starts processes carry
+    ``processes``, a ``*_browser.py`` module's carry ``browser``: a missing marker would run them
+    in the fast loop, so collection stops and names them.
+    """
+    unmarked = []
     for item in items:
         module = Path(str(item.fspath)).stem
-        if module.endswith("_browser"):
-            item.add_marker(pytest.mark.browser)
-        if (
-            module.endswith("_processes")
-            or module in PROCESS_MODULES
-            or f"{module}::{item.originalname}" in PROCESS_TESTS
-            or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
-        ):
-            item.add_marker(pytest.mark.processes)
-        if module in SLOW_MODULES:
-            item.add_marker(pytest.mark.slow)
+        if module.endswith("_browser") and not item.get_closest_marker("browser"):
+            unmarked.append(f"{item.nodeid}: mark it 'browser'")
+        wants_processes = module.endswith("_processes") or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if wants_processes and not item.get_closest_marker("processes"):
+            unmarked.append(f"{item.nodeid}: mark it 'processes'")
+    if unmarked:
+        raise pytest.UsageError("tests without the marker of their kind:\n" + "\n".join(unmarked))
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +103,7 @@ def _no_process_unless_marked(request, monkeypatch):
     def refuse(self, args, *rest, **kwargs):
         raise AssertionError(
             f"{request.node.nodeid} starts a process ({args!r}) but is not marked 'processes': "
-            "add its module or fixture to tests/conftest.py"
+            "add `@pytest.mark.processes` to it (or `pytestmark = pytest.mark.processes` to its module)"
         )
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -34,6 +34,7 @@ CHROMIUM = Path(os.environ.get("PGBUS_TEST_CHROMIUM", "/usr/bin/chromium"))
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install playwright")
 
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.skipif(
         not CHROMIUM.exists(), reason=f"no {CHROMIUM}: run bash scripts/install_chromium (or set PGBUS_TEST_CHROMIUM)"
     ),

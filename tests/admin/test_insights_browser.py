@@ -23,6 +23,7 @@ from tests.admin.test_admin_browser import (
 from tests.support import VIEW, staff_user
 
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no {CHROMIUM}: run bash scripts/install_chromium"),
     pytest.mark.django_db(transaction=True),
 ]

@@ -8,6 +8,8 @@ page stays open.
 
 from __future__ import annotations
 
+import pytest
+
 from pgbus_workflows.admin import run_page as admin_run_page
 from tests.admin.test_admin_browser import browser_page, log_in, pytestmark  # noqa: F401 (pytestmark: the skips)
 from tests.admin.test_admin_run_page import fill_run
@@ -109,6 +111,7 @@ def test_the_page_follows_the_run_moved_by_another_process_and_stops_once_it_end
     assert wf.reload().status == "cancelled"
 
 
+@pytest.mark.processes
 def test_the_page_draws_each_attempt_a_dispatcher_runs_and_stops_when_the_run_finishes(
     live_server, django_user_model, monkeypatch, dispatchers
 ):

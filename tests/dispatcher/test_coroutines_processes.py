@@ -20,7 +20,7 @@ from tests.testapp.async_workflows import (
 )
 from tests.testapp.models import SideEffect
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 FAST = {"POLL_INTERVAL": 0.2}
 

@@ -42,6 +42,7 @@ def assert_valid_audit_trail(run):
     assert status == WorkflowRun.objects.get(pk=run.pk).status
 
 
+@pytest.mark.processes
 def test_once_drains_what_is_due_and_exits_zero(dispatchers):
     runs = [Counted.start() for _ in range(10)]
     process = dispatchers("--once", "--concurrency", "2", settings=FAST)
@@ -54,6 +55,7 @@ def test_once_drains_what_is_due_and_exits_zero(dispatchers):
         assert_valid_audit_trail(wf.record)
 
 
+@pytest.mark.processes
 def test_two_dispatchers_finish_every_run_and_no_step_runs_twice(dispatchers):
     # Bodies of 0.1 s: one dispatcher alone would need 2 s, so the second one takes part (quick
     # steps would all be batched by whichever dispatcher claimed first).
@@ -74,6 +76,7 @@ def test_two_dispatchers_finish_every_run_and_no_step_runs_twice(dispatchers):
     assert first.wait() == 0 and second.wait() == 0
 
 
+@pytest.mark.processes
 def test_sigterm_lets_the_running_step_finish_then_exits_zero(dispatchers):
     wf = Slow.start(seconds=1.5)
     process = dispatchers(settings=FAST)
@@ -90,6 +93,7 @@ def test_sigterm_lets_the_running_step_finish_then_exits_zero(dispatchers):
     assert not Dispatcher.objects.exists()
 
 
+@pytest.mark.processes
 def test_second_signal_exits_at_once(dispatchers):
     Slow.start(seconds=30)
     process = dispatchers(settings=FAST)
@@ -104,6 +108,7 @@ def test_second_signal_exits_at_once(dispatchers):
     assert WorkflowStep.objects.get(step_name="work").status == "in_progress"  # left to the sweep
 
 
+@pytest.mark.processes
 def test_sigkill_mid_step_leaves_it_in_progress_until_the_sweep_reattempts_it(dispatchers):
     wf = Slow.start(seconds=30)
     victim = dispatchers("--no-sweep", settings=FAST)
@@ -127,6 +132,7 @@ def test_sigkill_mid_step_leaves_it_in_progress_until_the_sweep_reattempts_it(di
     assert_valid_audit_trail(wf.record)
 
 
+@pytest.mark.processes
 def test_a_step_hanging_past_its_timeout_is_stalled_by_the_sweep(dispatchers):
     wf = HangsOnce.start(seconds=3)
     dispatchers("--concurrency", "2", settings=FAST)
@@ -145,6 +151,7 @@ def test_a_step_hanging_past_its_timeout_is_stalled_by_the_sweep(dispatchers):
     assert first.outcome == "stalled"
 
 
+@pytest.mark.processes
 def test_notify_starts_a_step_without_waiting_for_the_poll(dispatchers):
     process = dispatchers(settings={**FAST, "POLL_INTERVAL": 60})
     eventually(lambda: "started" in process.output(), what="the dispatcher to start")
@@ -156,6 +163,7 @@ def test_notify_starts_a_step_without_waiting_for_the_poll(dispatchers):
     eventually(all_finished(1), timeout=10, what="the run to finish through NOTIFY")
 
 
+@pytest.mark.processes
 def test_a_wait_ending_between_polls_is_met_by_the_due_timer(dispatchers):
     from tests.testapp.workflows import Waits
 
@@ -167,6 +175,7 @@ def test_a_wait_ending_between_polls_is_met_by_the_due_timer(dispatchers):
     eventually(all_finished(1), timeout=15, what="the waited step to run")
 
 
+@pytest.mark.processes
 def test_a_lost_database_connection_is_survived(dispatchers):
     process = dispatchers(settings=FAST)
     eventually(lambda: Dispatcher.objects.exists(), what="the dispatcher row")
@@ -219,6 +228,7 @@ if sys.argv[1] == "project-handler":
 """
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("setup", ["no-logging", "project-handler"])
 def test_the_commands_logs_go_to_the_projects_handlers_or_else_to_its_stdout(setup):
     import os

@@ -49,12 +49,14 @@ def sigterm_at_each_line(round_, lines):
     assert printed[-1] == "rows left: 0", "a stopped dispatcher's row was registered again"
 
 
+@pytest.mark.processes
 def test_a_sigterm_at_any_line_of_the_loops_round_stops_the_dispatcher():
     """Python runs the handler wherever the main thread is: one that set the loop's wake-up
     ``threading.Event`` hung when the loop held that event's lock (a CI run saw it)."""
     sigterm_at_each_line(2, ROUND)
 
 
+@pytest.mark.processes
 def test_a_sigterm_during_the_first_heartbeat_leaves_no_dispatcher_row():
     """The first round's claim runs beside the first heartbeat: a heartbeat under way at the
     stop once found the row deleted by the shutdown and registered it again."""

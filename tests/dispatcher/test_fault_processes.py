@@ -17,7 +17,7 @@ from tests.testapp import fault_workflows as faults
 from tests.testapp.models import Receipt, SideEffect
 from tests.testapp.workflows import Counted
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 FAST = {"SWEEP_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 0.5, "DISPATCHER_DEAD_AFTER": 2, "POLL_INTERVAL": 0.2}
 

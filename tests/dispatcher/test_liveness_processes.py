@@ -13,7 +13,7 @@ from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowStep
 from tests.procs import eventually
 from tests.testapp.workflows import Slow
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 SETTINGS = {
     "HEARTBEAT_INTERVAL": 0.5,

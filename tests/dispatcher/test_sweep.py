@@ -1,11 +1,11 @@
 """The sweep phases, run in-process: retention, stalls, the gauge, one sweeper at a time."""
 
-import time
 from datetime import timedelta
 
 import psycopg
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
@@ -17,6 +17,7 @@ from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.retention import delete_expired_runs
 from pgbus_workflows.services.stuck import gauge
+from tests.procs import eventually
 from tests.testapp.workflows import Counted
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -160,7 +161,9 @@ def stall_once(wf):
     """Claim the run's due step, let its (tiny) stall threshold pass, and sweep."""
     (claimed,) = claim_due_steps(1, claimed_by="crashes-every-time")
     assert claimed.run_id == wf.record.pk
-    time.sleep(0.1)
+    eventually(
+        lambda: WorkflowStep.objects.filter(pk=claimed.pk, stall_at__lt=Now()).exists(), what="the stall threshold"
+    )
     Sweeper().run()
 
 

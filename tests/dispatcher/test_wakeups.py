@@ -108,6 +108,7 @@ def two_dispatchers():
             process.stop()
 
 
+@pytest.mark.processes
 def test_a_trickle_goes_to_the_first_dispatcher_of_the_group(two_dispatchers):
     first, _ = two_dispatchers
     runs = []
@@ -122,6 +123,7 @@ def test_a_trickle_goes_to_the_first_dispatcher_of_the_group(two_dispatchers):
     assert claimers.count(first) >= 8, claimers
 
 
+@pytest.mark.processes
 def test_what_the_first_cannot_take_a_follower_takes(two_dispatchers):
     slow = Slow.start(seconds=5)
     eventually(lambda: SideEffect.objects.filter(label="slow-start").exists(), what="the slow body")
@@ -135,6 +137,7 @@ def test_what_the_first_cannot_take_a_follower_takes(two_dispatchers):
     assert busy in two_dispatchers
 
 
+@pytest.mark.processes
 def test_when_the_first_dies_a_follower_takes_the_work_and_when_it_stops_another_is_first():
     processes = {}
     try:

@@ -274,14 +274,17 @@ def _registered_after_setup(app_config: str, pgbus_settings: dict) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.processes
 def test_autodiscovery_imports_each_app_s_workflows_module_at_setup():
     assert _registered_after_setup("pgbus_workflows", {}) == "True"
 
 
+@pytest.mark.processes
 def test_autodiscover_module_none_turns_discovery_off():
     assert _registered_after_setup("pgbus_workflows", {"AUTODISCOVER_MODULE": None}) == "False"
 
 
+@pytest.mark.processes
 def test_the_simple_app_config_does_not_discover():
     assert _registered_after_setup("pgbus_workflows.apps.SimplePgbusWorkflowsConfig", {}) == "False"
 

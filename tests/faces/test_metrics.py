@@ -192,6 +192,7 @@ class ProcessCounterTests(WorkflowTestMixin, TestCase):
         self.assertEqual(delta("_bucket", le="+Inf"), 1)
 
 
+@pytest.mark.processes
 def test_without_prometheus_client_the_app_works_and_the_module_names_the_extra(db):
     script = (
         "import sys; sys.modules['prometheus_client'] = None\n"  # as if it were not installed
@@ -214,6 +215,7 @@ def test_without_prometheus_client_the_app_works_and_the_module_names_the_extra(
     )
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("bad", ["0", "65536", "http"])
 def test_a_bad_metrics_port_is_refused_by_the_command_line(bad, db):
     done = subprocess.run(

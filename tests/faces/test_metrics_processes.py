@@ -10,7 +10,7 @@ from tests.exposition import Samples, samples, value
 from tests.procs import ROOT, eventually
 from tests.testapp.workflows import Counted, FailsFirst
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 
 def free_port() -> int:

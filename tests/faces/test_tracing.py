@@ -280,6 +280,7 @@ def test_an_attempt_span_told_it_settles_later_ends_when_it_is_settled():
     assert ended.attributes["pgbus_workflows.outcome"] == "success"
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp_path):
     spans = tmp_path / "spans.jsonl"
@@ -299,6 +300,7 @@ def test_a_real_dispatcher_process_continues_the_caller_s_trace(dispatchers, tmp
         assert span["attributes"]["pgbus_workflows.outcome"] == "success"
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_an_async_body_awaited_on_the_dispatcher_s_loop_ends_its_span_with_its_outcome(dispatchers, tmp_path):
     spans = tmp_path / "spans.jsonl"
@@ -321,6 +323,7 @@ def test_an_async_body_awaited_on_the_dispatcher_s_loop_ends_its_span_with_its_o
     )
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_without_either_extra_runs_start_and_run_and_save_no_context():
     script = (

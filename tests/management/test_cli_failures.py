@@ -17,6 +17,8 @@ from tests.management.test_cli_processes import finish, manage
 from tests.procs import ROOT
 from tests.testapp.workflows import ThreeSteps
 
+pytestmark = pytest.mark.processes
+
 ANY_ID = "0123456789abcdef0123456789abcdef"
 
 SUBCOMMANDS = [

@@ -13,6 +13,8 @@ from tests.services.test_deploy_processes import empty_database  # noqa: F401 (a
 from tests.support import events_of
 from tests.testapp.workflows import ThreeSteps
 
+pytestmark = pytest.mark.processes
+
 
 def manage(*args: str, url: str | None = None) -> subprocess.Popen:
     """``python manage.py workflows ARGS`` in a process of its own, on the test database."""

@@ -144,6 +144,7 @@ def test_several_schedules_report_each_on_its_line_and_a_process_exits_1(nightly
     assert err.getvalue() == "ticked:nope  refused: there is no schedule ticked:nope\n"
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_a_real_process_exits_0_when_done_and_1_with_one_line_when_refused():
     schedule = Ticked.add_schedule(every=timedelta(minutes=5), name="five")

@@ -32,6 +32,8 @@ from tests.services.test_deploy_processes import empty_database  # noqa: F401 (a
 from tests.support import VIEW, events_of, staff_user
 from tests.testapp.workflows import ThreeSteps
 
+pytestmark = pytest.mark.processes
+
 #: How long one answer may take before the test fails (a process's start included).
 ANSWER_TIMEOUT = 60
 

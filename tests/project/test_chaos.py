@@ -5,7 +5,7 @@ import pytest
 from bench.chaos import FAULTS, run_chaos
 from tests.procs import LIBFAKETIME, database_url
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_short_chaos_run_with_a_schedule_keeps_every_promise(tmp_path):

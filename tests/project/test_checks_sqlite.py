@@ -16,6 +16,8 @@ from django.utils import timezone
 from pgbus_workflows import checks
 from pgbus_workflows.models import Dispatcher
 
+pytestmark = pytest.mark.processes
+
 
 def sqlite_connection(name=":memory:", tables=("pgbus_workflows_dispatcher",), options=None):
     return SimpleNamespace(

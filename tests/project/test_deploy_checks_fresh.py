@@ -18,6 +18,8 @@ from django.db import connection
 from pgbus_workflows.deploy_checks import check_rows_against_code
 from pgbus_workflows.models import WorkflowRun
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

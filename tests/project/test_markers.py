@@ -1,15 +1,20 @@
 """The fast loop's promise (docs/development.md): a test that starts a process is marked ``processes``.
 
-``tests/conftest.py`` marks the kinds and fails a test that starts a process unmarked; here a
-pytest of its own runs a probe that does so, and lists what the fast loop selects.
+The markers are set on the tests; ``tests/conftest.py`` fails a test that starts a process
+unmarked and stops the collection at a test whose file name says a kind it lacks; here a pytest
+of its own runs probes that do so, and lists what the fast loop selects.
 """
 
 import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.procs import ROOT
 from tests.project.test_readme_notes import PYTEST_ALONE, connection_url
+
+pytestmark = pytest.mark.processes
 
 FAST = "not processes and not browser and not slow"
 
@@ -34,6 +39,13 @@ def test_a_test_that_starts_a_process_unmarked_fails_naming_the_marker():
 
     assert run.returncode == 1, run.stdout + run.stderr
     assert "starts a process" in run.stdout and "is not marked 'processes'" in run.stdout, run.stdout
+
+
+def test_an_unmarked_test_in_a_processes_module_stops_the_collection_naming_it():
+    run = pytest_alone("--collect-only", "tests/marker_probe_processes.py")
+
+    assert run.returncode == 4, run.stdout + run.stderr  # pytest's usage error
+    assert "marker_probe_processes.py::test_probe_in_a_processes_module_unmarked: mark it 'processes'" in run.stderr
 
 
 def test_the_fast_loop_leaves_out_every_test_of_processes_chromium_and_the_long_harnesses():

@@ -25,6 +25,7 @@ from tests.testapp.workflows import Approval, FanJsonArguments, FanWritesThenFai
 helpers = WorkflowTestMixin()
 
 
+@pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_fan_out_jobs_run_outside_a_transaction_so_what_a_failed_job_wrote_stays(dispatchers):
     wf = FanWritesThenFails.start()
@@ -63,6 +64,7 @@ def test_job_arguments_and_signal_payloads_arrive_as_djangojsonencoder_made_them
 PYTEST_ALONE = ("-p", "no:randomly", "-p", "no:cacheprovider", "-q", "-rs")
 
 
+@pytest.mark.processes
 def test_the_browser_tests_are_skipped_without_chromium(tmp_path):
     env = {
         **os.environ,

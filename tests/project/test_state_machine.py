@@ -71,6 +71,8 @@ from pgbus_workflows.states import ACTIVE_STEP, ONGOING_RUN, RUN_TRANSITIONS, TE
 from tests.support import CLOCK_SLACK
 from tests.testapp.models import Order, SideEffect
 
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
 # -- the workflows ---------------------------------------------------------------------------------
 
 PLANS = (

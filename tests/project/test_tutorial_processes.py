@@ -24,6 +24,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
+pytestmark = pytest.mark.processes
+
 REPOSITORY = Path(__file__).resolve().parents[2]
 PAGE = REPOSITORY / "docs" / "tutorial.md"
 BLOCK = re.compile(r"^```(\{code-block\} python|console)\n(.*?)^```$", re.DOTALL | re.MULTILINE)

@@ -7,7 +7,7 @@ from tests.procs import eventually
 from tests.testapp.async_workflows import AsyncPing
 from tests.testapp.models import SideEffect
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_dispatcher_runs_async_bodies_to_the_end(dispatchers):

@@ -12,7 +12,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -26,6 +26,7 @@ from pgbus_workflows.services.executor import Chain, apply_outcomes, execute_ste
 from pgbus_workflows.services.fanout import claim_due_jobs, record_job_ends, run_job
 from pgbus_workflows.sql import rows
 from tests.procs import eventually
+from tests.support import sessions_waiting_for_a_lock
 from tests.testapp.jobs import fail_on, nothing
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import Counted, NoOp3, Slow
@@ -177,7 +178,7 @@ def test_the_outcomes_lock_takes_every_run_before_any_of_their_steps():
     assert held.wait(JOIN_TIMEOUT)
     batch = Worker(lock_the_batch)
     batch.start()
-    eventually(lambda: waiting_for_a_lock() == 1, what="the batch to wait for the second run")
+    eventually(lambda: len(sessions_waiting_for_a_lock()) == 1, what="the batch to wait for the second run")
 
     with transaction.atomic():  # had it locked a step first, NOWAIT would fail here
         free = list(WorkflowStep.objects.select_for_update(nowait=True).filter(pk__in=steps.values()))
@@ -187,16 +188,6 @@ def test_the_outcomes_lock_takes_every_run_before_any_of_their_steps():
 
     assert len(free) == 2
     assert {pk: (run.pk, step.pk) for pk, (run, step) in locked.items()} == {s: (r, s) for r, s in steps.items()}
-
-
-def waiting_for_a_lock() -> int:
-    """How many other sessions of this database wait for a row lock now."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-        )
-        return cursor.fetchone()[0]
 
 
 def test_still_in_progress_tells_which_claims_were_cancelled_since():
@@ -250,6 +241,7 @@ def test_batch_size_must_be_a_positive_integer(value):
     assert "BATCH_SIZE" in errors[0].msg
 
 
+@pytest.mark.processes
 def test_a_slow_body_does_not_hold_up_the_quick_steps_claimed_with_it(dispatchers):
     """With two workers, every quick run finishes while the slow body still runs."""
     slow = Slow.start(seconds=3)
@@ -271,6 +263,7 @@ def test_a_slow_body_does_not_hold_up_the_quick_steps_claimed_with_it(dispatcher
     assert process.wait() == 0
 
 
+@pytest.mark.processes
 def test_once_with_a_batch_size_of_one_still_drains_everything(dispatchers):
     runs = [Counted.start() for _ in range(12)]
     process = dispatchers("--once", "--concurrency", "3", settings={"BATCH_SIZE": 1})

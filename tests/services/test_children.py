@@ -24,6 +24,7 @@ from pgbus_workflows import (
 from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.exceptions import ConfigurationError, StepWaiting
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.services import results
 from pgbus_workflows.services.fanout_recovery import resolve_lost_fan_outs
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import eventually
@@ -393,18 +394,18 @@ class TestCommitted:
         assert wf.reload().status == "finished"
         assert wf.result(timeout=5) == 0 + 1 + 2
 
-    def test_result_waits_for_the_end_and_returns_it(self):
+    def test_result_waits_for_the_end_and_returns_it(self, monkeypatch):
+        # No re-read within the test: only the end's NOTIFY can wake the waiter.
+        monkeypatch.setattr(results, "RECHECK_SECONDS", 3600.0)
         wf = Waiter.start(n=1)
         run_next(wf)  # parks, waiting for "go"
         waiter = Worker(lambda: Waiter.find(wf.workflow_id).result(timeout=30))
         waiter.start()
-        time.sleep(0.3)
+        eventually(lambda: WorkflowRun.objects.get(pk=wf.record.pk).awaited, what="the waiter to mark the run")
         assert waiter.is_alive()
-        began = time.monotonic()
         wf.signal("go", {"answer": 42})
         run_next(wf)
         assert waiter.finish() == {"answer": 42}
-        assert time.monotonic() - began < 4  # woken by the NOTIFY, not by the 5 s re-read
 
     def test_result_times_out(self):
         wf = Waiter.start(n=1)

@@ -7,22 +7,15 @@ import pytest
 
 from pgbus_workflows.models import WorkflowRun
 from tests.procs import database_url, eventually
+from tests.support import sessions_waiting_for_a_lock
 from tests.testapp.child_workflows import Many
 from tests.testapp.models import SideEffect
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 SETTINGS = {"SWEEP_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 0.5, "DISPATCHER_DEAD_AFTER": 3, "POLL_INTERVAL": 0.2}
-
-
-def blocked_event_inserts(conn, dbname):
-    """Backends waiting for a lock while they insert events (the park of the fan-out, mid-transaction)."""
-    rows = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock' "
-        "AND query LIKE '%%INSERT INTO \"pgbus_workflows_workflowevent\"%%'",
-        [dbname],
-    ).fetchall()
-    return [pid for (pid,) in rows]
+#: The statement of a park (the fan-out writing its events), as pg_stat_activity shows it.
+EVENT_INSERT = 'INSERT INTO "pgbus_workflows_workflowevent"'
 
 
 def children():
@@ -47,9 +40,10 @@ def test_a_sigkill_between_starting_children_and_parking_starts_no_child_twice(d
     with psycopg.connect(url) as blocker:
         # Hold the events table: the park inserts the jobs and the children's runs, then waits, its transaction open.
         blocker.execute('LOCK TABLE "pgbus_workflows_workflowevent" IN SHARE MODE')
-        dbname = blocker.info.dbname
         with psycopg.connect(url, autocommit=True) as observer:
-            eventually(lambda: blocked_event_inserts(observer, dbname), timeout=30, what="the park mid-transaction")
+            eventually(
+                lambda: sessions_waiting_for_a_lock(EVENT_INSERT, observer), timeout=30, what="the park mid-transaction"
+            )
         first.kill()
         blocker.rollback()
     assert children().count() == 0  # the children were started in the park's transaction: gone with it

@@ -201,6 +201,7 @@ def _direct():
     return {"host": s["HOST"] or "127.0.0.1", "port": s["PORT"] or 5432, "user": s["USER"], "dbname": s["NAME"]}
 
 
+@pytest.mark.processes
 def test_a_dispatcher_waits_quietly_beside_a_due_step_it_cannot_run():
     wf = NoOp3.start()
     WorkflowRun.objects.filter(pk=wf.record.pk).update(workflow_class="only_newer_code_knows")

@@ -1,7 +1,6 @@
 """``debounce = Debounce(...)``: starts of one key collapse into the run whose first step has not begun."""
 
 import threading
-import time
 from datetime import UTC, timedelta
 
 import pytest
@@ -15,7 +14,8 @@ from pgbus_workflows.services import schedules as schedule_verbs
 from pgbus_workflows.services.claims import claim_step
 from pgbus_workflows.sql import clock, functions
 from pgbus_workflows.workflow import Workflow as BareWorkflow
-from tests.support import events_of, kinds, run_next, scheduled, steps_of
+from tests.procs import eventually
+from tests.support import events_of, kinds, run_next, scheduled, sessions_waiting_for_a_lock, steps_of
 from tests.testapp.models import Order
 from tests.threads import JOIN_TIMEOUT, Worker
 
@@ -396,7 +396,7 @@ def test_two_starts_of_one_key_at_once_on_two_connections_make_one_run():
     first.start()
     second.start()
     assert started.wait(JOIN_TIMEOUT)
-    time.sleep(0.3)  # time for the second start to block on the key
+    eventually(sessions_waiting_for_a_lock, what="the second start to wait for the key the first holds")
     assert second.is_alive(), "the second start did not wait for the first's transaction"
     release.set()
     a, b = first.finish(), second.finish()

@@ -23,7 +23,7 @@ from tests.testapp.deploy_workflows import Evolving, NewOnly, Retiring
 from tests.testapp.models import SideEffect
 from tests.testapp.workflows import Counted
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 FAST = {"SWEEP_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 0.5, "DISPATCHER_DEAD_AFTER": 2, "POLL_INTERVAL": 0.2}
 OLD = {"TESTAPP_CODE": "old"}

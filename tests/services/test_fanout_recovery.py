@@ -26,7 +26,7 @@ from pgbus_workflows.services.fanout_recovery import ended_fan_outs, resolve_los
 from pgbus_workflows.services.stuck import gauge
 from tests.procs import eventually
 from tests.sql.test_query_plans import nodes, plan_of
-from tests.support import events_of, run_next
+from tests.support import events_of, run_next, sessions_waiting_for_a_lock
 from tests.testapp.workflows import FanDrain
 from tests.threads import Worker
 
@@ -62,12 +62,7 @@ class HeldRun:
 
     def waiters(self):
         """How many connections to this database wait for a lock (for this one's, or queued behind it)."""
-        # Asked on the test's connection (autocommit): a transaction keeps the first view of pg_stat_activity.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            return cursor.fetchone()[0]
+        return len(sessions_waiting_for_a_lock())
 
     def release(self):
         self.conn.rollback()

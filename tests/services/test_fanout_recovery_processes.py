@@ -12,10 +12,10 @@ from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
 from tests.procs import eventually
 from tests.services.test_fanout_recovery import HeldRun, unresolved
-from tests.support import events_of, run_next
+from tests.support import events_of, run_next, sessions_waiting_for_a_lock
 from tests.testapp.workflows import FanDrain
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 FAST = {"SWEEP_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 0.5, "DISPATCHER_DEAD_AFTER": 2, "POLL_INTERVAL": 0.2}
 
@@ -29,10 +29,8 @@ def end_waiting_sessions(held: HeldRun) -> None:
     already sent. The test is about the resolution that never came, so the session ends here.
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
+        for pid in sessions_waiting_for_a_lock():
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
     eventually(lambda: held.waiters() == 0, what="the killed dispatcher's session to end")
 
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 
 from pgbus_workflows.dispatcher import sweep
@@ -33,6 +33,7 @@ from pgbus_workflows.services.payload import storable_text
 from pgbus_workflows.services.retention import delete_expired_runs
 from pgbus_workflows.sql import clock
 from tests.faultproxy import CommitAnswerLost
+from tests.procs import eventually
 from tests.testapp import fault_workflows as faults
 from tests.testapp.models import Receipt, SideEffect
 from tests.testapp.workflows import Counted, NoOp3, Squares
@@ -222,14 +223,20 @@ def test_a_hung_atomic_body_is_cut_off_by_the_database_at_its_timeout_and_stalls
     step = claim_step(WorkflowStep.objects.get(run=wf.record).pk, "test")
     body = Worker(execute_step, step)
     body.start()
-    eventually_locked_by_body = time.monotonic() + 10
-    while not WorkflowRun.objects.filter(pk=wf.record.pk, status="performing").exists():
-        assert time.monotonic() < eventually_locked_by_body
-    time.sleep(2)  # past the 1 s timeout, while the body still sleeps
+    eventually(
+        lambda: WorkflowRun.objects.filter(pk=wf.record.pk, status="performing").exists(), what="the body to begin"
+    )
 
-    # The database ended the body's session: its run lock is free although the body runs on.
-    with transaction.atomic():
-        locked = WorkflowRun.objects.select_for_update(nowait=True).get(pk=wf.record.pk)
+    def run_lock_free():
+        try:
+            with transaction.atomic():
+                return WorkflowRun.objects.select_for_update(nowait=True).get(pk=wf.record.pk)
+        except OperationalError:  # still held: the body's session lives on
+            return None
+
+    # Past the 1 s timeout the database ends the body's session: its run lock is free although
+    # the body (4 s) runs on.
+    locked = eventually(run_lock_free, timeout=20, interval=0.1, what="the database to end the body's session")
     assert body.is_alive() and locked.status == "performing"
     body.finish()
 
@@ -464,10 +471,10 @@ def test_a_worker_thread_that_dies_is_replaced_and_the_outcomes_it_ran_are_writt
 
     with caplog.at_level(logging.CRITICAL, logger="pgbus_workflows"):
         pool.start()
-        deadline = time.monotonic() + 30
-        while WorkflowRun.objects.filter(status="finished").count() < 3:
-            assert time.monotonic() < deadline, "the runs did not finish after the worker died"
-            time.sleep(0.05)
+        eventually(
+            lambda: WorkflowRun.objects.filter(status="finished").count() == 3,
+            what="the runs to finish after the worker died",
+        )
 
     assert broken.is_set() and pool.replaced == 1 and pool.alive() == 1
     assert "Worker thread 0 died" in caplog.text

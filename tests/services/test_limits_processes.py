@@ -10,7 +10,7 @@ from tests.procs import eventually
 from tests.testapp.limited_workflows import KeyedGate, KeyedSleeper, RateLimited, Unlimited
 from tests.testapp.models import SideEffect
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 #: Short thresholds so a crash is detected in seconds, not the production minute.
 FAST = {

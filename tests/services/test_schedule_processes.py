@@ -14,13 +14,16 @@ import pytest
 
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun
 from tests.procs import database_url, eventually
+from tests.support import sessions_waiting_for_a_lock
 from tests.testapp.workflows import Ticked
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 SECOND = timedelta(seconds=1)
 #: A long sweep interval: ticks must not wait for the sweep.
 SETTINGS = {"SWEEP_INTERVAL": 60, "HEARTBEAT_INTERVAL": 0.5, "DISPATCHER_DEAD_AFTER": 3, "POLL_INTERVAL": 0.2}
+#: The statement of a tick (the leader inserting its run), as pg_stat_activity shows it.
+RUN_INSERT = 'INSERT INTO "pgbus_workflows_workflowrun"'
 
 
 def every_second():
@@ -67,16 +70,6 @@ def test_the_leader_fires_each_tick_within_a_second_of_its_time_with_a_long_swee
     assert all(seconds >= 0 for seconds in late), late
 
 
-def blocked_tick_backends(conn, dbname):
-    """Backends waiting for a lock while they insert a run (the leader, mid-tick)."""
-    rows = conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock' "
-        "AND query LIKE '%%INSERT INTO \"pgbus_workflows_workflowrun\"%%'",
-        [dbname],
-    ).fetchall()
-    return [pid for (pid,) in rows]
-
-
 def test_two_dispatchers_and_a_sigkill_of_the_leader_mid_tick_fire_no_tick_twice_and_lose_none(dispatchers):
     every_second()
     first = dispatchers("--concurrency", "2", settings=SETTINGS)
@@ -90,9 +83,10 @@ def test_two_dispatchers_and_a_sigkill_of_the_leader_mid_tick_fire_no_tick_twice
     with psycopg.connect(url) as blocker:
         # Hold the events table: the leader's next tick inserts its run and waits, its transaction open.
         blocker.execute('LOCK TABLE "pgbus_workflows_workflowevent" IN SHARE MODE')
-        dbname = blocker.info.dbname
         with psycopg.connect(url, autocommit=True) as observer:
-            eventually(lambda: blocked_tick_backends(observer, dbname), timeout=30, what="the leader mid-tick")
+            eventually(
+                lambda: sessions_waiting_for_a_lock(RUN_INSERT, observer), timeout=30, what="the leader mid-tick"
+            )
         before = ticks()
         first.kill()  # SIGKILL: its lock connection closes, its open tick is never committed
         eventually(lambda: leads(second), timeout=30, what="the second dispatcher to take the lead")

@@ -6,7 +6,6 @@ giving ``expire_due_waits`` a later ``now``; one test waits for a real 1-second 
 """
 
 import re
-import time
 from datetime import timedelta
 
 import pytest
@@ -34,6 +33,7 @@ from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.stuck import gauge
 from pgbus_workflows.services.waiting import expire_due_waits
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.procs import eventually
 from tests.support import CLOCK_SLACK, events_of, kinds, labels, record, snapshot, steps_of
 from tests.testapp.models import Order, SideEffect
 
@@ -999,11 +999,7 @@ def test_a_real_one_second_wait_timeout_fires(order):
     assert capture.timeout_at == capture.waiting_since + timedelta(seconds=1)
     assert expire_due_waits() == 0
 
-    deadline = time.monotonic() + 10
-    fired = 0
-    while not fired and time.monotonic() < deadline:
-        time.sleep(0.2)
-        fired = expire_due_waits()
+    fired = eventually(expire_due_waits, timeout=10, interval=0.1, what="the one-second wait to expire")
 
     assert fired == 1
     assert timezone.now() > capture.timeout_at

@@ -2,7 +2,6 @@
 
 import json
 import threading
-import time
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -26,6 +25,8 @@ from pgbus_workflows import (
 from pgbus_workflows import signals as wf_signals
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.sql import clock, functions
+from tests.procs import eventually
+from tests.support import sessions_waiting_for_a_lock
 from tests.testapp.models import Order
 
 
@@ -558,19 +559,9 @@ def _in_thread(target):
     return thread, outcome
 
 
-def _wait_until_blocked_on_a_lock(timeout=10.0):
+def _wait_until_blocked_on_a_lock():
     """Wait until another backend of this database waits on a lock (the second insert)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-            )
-            if cursor.fetchone()[0] > 0:
-                return
-        time.sleep(0.02)
-    raise AssertionError("the second start never waited for the first one's insert")
+    eventually(sessions_waiting_for_a_lock, what="the second start to wait for the first one's insert")
 
 
 def _hold_open_start(start, release, committed_or_not="commit"):

@@ -29,6 +29,7 @@ from tests.testapp.workflows import NoOp3
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 pytestmark = [
+    pytest.mark.processes,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         not Path(PGBOUNCER).exists() and not os.environ.get("CI"),  # CI installs it: there, its absence fails

@@ -31,6 +31,8 @@ import pytest
 
 from tests.procs import ROOT
 
+pytestmark = pytest.mark.processes
+
 #: The newest PostgreSQL server binaries installed (Debian's layout), or None.
 BINARIES = max(glob("/usr/lib/postgresql/*/bin"), default=None, key=lambda p: int(Path(p).parent.name))
 #: How long a condition may take to hold (a server starting, a replica replaying, a process answering).

@@ -8,7 +8,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.procs import ROOT
+
+pytestmark = pytest.mark.processes
 
 
 def test_the_check_names_the_app_when_the_backend_is_configured_without_it():

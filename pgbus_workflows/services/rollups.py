@@ -187,6 +187,8 @@ def roll_up(now: datetime, max_seconds: float = ROLLUP_SECONDS) -> int:
     """The sweep's ``rollups`` phase: roll up the settled hours, take the next checkpoint, drop expired hours.
 
     Returns how many rows it wrote. Spends at most ``max_seconds`` (at least one hour when any is due).
+    Called outside any transaction (the sweep's phases are): one of the caller's, open, would be
+    among those every checkpoint waits for.
     """
     if not sql.postgresql():
         return 0

@@ -31,9 +31,10 @@ is logged and retried next time without stopping the others):
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
   runs older than ``RETENTION`` are deleted in batches of 500, for at most five seconds a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
-- ``rollups``: the attempts of each hour that is over and settled (no transaction that could
-  still commit one of its attempts is open) are counted per class and step for insights
-  (``services.rollups``), for at most five seconds a sweep; hours older than ``RETENTION`` go.
+- ``rollups``: the attempts finished up to a settled checkpoint (no transaction that could
+  still commit one before it is open) are added to their class's, step's and hour's counts for
+  insights (``services.rollups``), for at most five seconds a sweep; hours older than
+  ``RETENTION`` go.
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
   every registered class, sent as the ``workflow_gauge`` Django signal (the read model is
   ``services.stuck``; retention's deletes are ``services.retention``).

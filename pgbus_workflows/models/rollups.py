@@ -32,7 +32,7 @@ class WorkflowStepHour(models.Model):
     reattempts = models.IntegerField(_("reattempts"), default=0)
     durations = models.JSONField(_("durations"), default=dict)
 
-    objects = ReadingQuerySet.as_manager()
+    objects = ReadingQuerySet["WorkflowStepHour"].as_manager()
 
     class Meta:
         verbose_name = _("step hour")
@@ -50,16 +50,19 @@ class WorkflowStepHour(models.Model):
 class WorkflowRollupMark(models.Model):
     """How far the rollup goes, and the checkpoint that lets it go further (one row, ``name="step_hours"``).
 
-    ``rolled_until``: every hour before it is in :class:`WorkflowStepHour`. ``checkpoint_at`` and
-    ``checkpoint_xmax``: a time and the first transaction id not yet assigned when it was taken;
-    once every transaction below ``checkpoint_xmax`` has ended, no attempt that finished before
-    ``checkpoint_at`` can still commit, and the hours before it may be rolled up.
+    ``rolled_until``: every attempt finished before it is counted in :class:`WorkflowStepHour`.
+    ``checkpoint_at`` and ``checkpoint_xids``: a time and the transactions of the database that
+    held a transaction id when it was taken; once all of those have ended, no attempt that
+    finished before ``checkpoint_at`` can still commit, and the rollup may go up to it.
     """
 
     name = models.CharField(_("name"), max_length=32, primary_key=True)
     rolled_until = models.DateTimeField(_("rolled up until"), null=True, blank=True)
     checkpoint_at = models.DateTimeField(_("checkpoint at"), null=True, blank=True)
-    checkpoint_xmax = models.BigIntegerField(_("checkpoint transaction id"), null=True, blank=True)
+    checkpoint_xids = models.JSONField(_("checkpoint transactions"), default=list)
+
+    # read where the hours are read (a replica's mark goes with its rows)
+    objects = ReadingQuerySet["WorkflowRollupMark"].as_manager()
 
     class Meta:
         verbose_name = _("rollup mark")

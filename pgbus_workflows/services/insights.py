@@ -5,7 +5,7 @@
   holds back apart from the others (``held_back``).
 - **Performance**: the attempts that finished in the window, by step: how many, how many
   completed, failed, were skipped or cancelled, how many were reattempts, and the p50/p95 of
-  their duration (claim to end). On PostgreSQL whole hours come from the rollup the sweep keeps
+  their duration (claim to end). On PostgreSQL the hours come from the rollup the sweep keeps
   (``services.rollups``: the cost does not grow with the window's volume) and the window's edges
   from the attempts; p50/p95 come from a histogram of the durations (within about 4.5 %).
 - **Funnel**: of the runs the window started (``pgbus_wf_run_class_started``), how many reached
@@ -112,24 +112,32 @@ def _pipeline(runs: QuerySet[WorkflowRun], workflow_class: str, now: datetime) -
 def _performance(workflow_class: str, since: datetime, now: datetime) -> list[dict[str, Any]]:
     """The attempts of the class that finished in ``(since, now]``, by step.
 
-    On PostgreSQL: the whole hours rolled up so far from ``WorkflowStepHour``, the edges (the
-    partial first hour, the hours since the rollup's end) from the attempts (``services.rollups``).
+    On PostgreSQL: the hours rolled up so far from ``WorkflowStepHour``; from the attempts, what
+    finished since the rollup's end and the window's first hour's part outside the window
+    (taken off) or inside it (added), whichever is shorter (``services.rollups``).
     """
     if not sql.postgresql():
         return _performance_sqlite(workflow_class, since, now)
-    first = rollups.ceil_hour(since)
     until = rollups.rolled_until()
-    last = min(until, rollups.floor_hour(now)) if until is not None else first
     by_step: dict[str, rollups.Cell] = {}
-    if first < last:
-        by_step = rollups.hour_cells(workflow_class, first, last)
-        edges = [{"gt": since, "lt": first}, {"gte": last, "lte": now}]
+    if until is None or not since < until <= now:
+        edges: list[tuple[dict[str, datetime], bool]] = [({"gt": since, "lte": now}, True)]
     else:
-        edges = [{"gt": since, "lte": now}]
-    for bounds in edges:
+        first, ceiling = rollups.floor_hour(since), rollups.ceil_hour(since)
+        if since - first <= ceiling - since or ceiling > until:
+            by_step = rollups.hour_cells(workflow_class, first, rollups.floor_hour(until))
+            edges = [({"gte": first, "lte": since}, False), ({"gte": until, "lte": now}, True)]
+        else:
+            by_step = rollups.hour_cells(workflow_class, ceiling, rollups.floor_hour(until))
+            edges = [({"gt": since, "lt": ceiling}, True), ({"gte": until, "lte": now}, True)]
+    for bounds, counted in edges:
         for (_, step_name, _), cell in rollups.attempt_cells(workflow_class, **bounds).items():
-            by_step.setdefault(step_name, rollups.Cell()).add(cell)
-    return [_cell_row(step_name, cell) for step_name, cell in by_step.items()]
+            mine = by_step.setdefault(step_name, rollups.Cell())
+            if counted:
+                mine.add(cell)
+            else:
+                mine.remove(cell)
+    return [_cell_row(step_name, cell) for step_name, cell in by_step.items() if cell.attempts]
 
 
 def _cell_row(step_name: str, cell: rollups.Cell) -> dict[str, Any]:

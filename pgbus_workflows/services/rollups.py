@@ -1,19 +1,21 @@
-"""The insights rollup: the sweep counts the attempts of each closed hour once, per class and step.
+"""The insights rollup: the sweep counts the attempts that finished, per class, step and hour.
 
-An hour is rolled up once it is over and no transaction that could still commit an attempt
-finished in it is open: the sweep takes a checkpoint (a time ``SETTLE`` behind the clock, and
-the first transaction id not yet assigned), and a later sweep rolls up the hours before the
-checkpoint's time once every transaction below that id has ended, committed or not. An outcome
-takes its run's row lock (and so its transaction id) before it reads the time it writes as
-``finished_at``; ``SETTLE`` covers a time read up to that long before the lock was granted. An
-``atomic=True`` body's long transaction only delays the rollup. Nothing is added to the hot path.
+The rollup goes as far as every transaction that could still commit an attempt finished before
+that time has ended: the sweep takes a checkpoint (a time ``SETTLE`` behind the clock, and the
+transactions of this database that hold a transaction id then), and a later sweep adds the
+attempts finished up to the checkpoint's time once all of those have ended, committed or not.
+Each attempt is added once, to its hour's row; the hour going on is added to sweep by sweep. An
+outcome takes its run's row lock (and so its transaction id) before it reads the time it writes
+as ``finished_at``; ``SETTLE`` covers a time read up to that long before the lock was granted.
+An ``atomic=True`` body's long transaction only delays the rollup. Nothing is added to the hot
+path.
 
-Insights (``services.insights``) read whole rolled-up hours from ``WorkflowStepHour`` and the
-edges of their window (the partial first hour, the hours since ``rolled_until``) from the
-attempts, through :func:`attempt_cells` both: one way of counting, whichever rows it reads.
-Durations are counted in log-spaced buckets (:func:`bucket`), eight per doubling from 1 ms, so
-a percentile read from them is within about 4.5 % of the exact one. PostgreSQL only: on SQLite
-insights read the attempts.
+Insights (``services.insights``) read the hours from ``WorkflowStepHour`` and, from the
+attempts, the part of the window's first hour outside (or inside, whichever is shorter) the
+window and what finished since ``rolled_until``, through :func:`attempt_cells` both: one way of
+counting, whichever rows it reads. Durations are counted in log-spaced buckets (:func:`bucket`),
+eight per doubling from 1 ms, so a percentile read from them is within about 4.5 % of the exact
+one. PostgreSQL only: on SQLite insights read the attempts.
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ class Cell:
         for name in ("attempts", "reattempts", *ENDINGS):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.durations.update(other.durations)
+
+    def remove(self, other: Cell) -> None:
+        """Count ``other``'s attempts no more (they are among this cell's)."""
+        for name in ("attempts", "reattempts", *ENDINGS):
+            setattr(self, name, getattr(self, name) - getattr(other, name))
+        self.durations.subtract(other.durations)
+        self.durations = +self.durations  # drop the buckets emptied
 
     def percentile(self, fraction: float) -> float | None:
         """The duration (seconds) ``fraction`` of the way through the timed attempts, as ``percentile_cont``.
@@ -168,9 +177,9 @@ def _cell_of(row: dict[str, Any]) -> Cell:
 
 
 def hour_cells(workflow_class: str, first: datetime, last: datetime) -> dict[str, Cell]:
-    """The rolled-up attempts of ``workflow_class`` in the hours from ``first`` up to ``last`` (excluded), by step."""
+    """The rolled-up attempts of ``workflow_class`` in the hours from ``first`` to ``last`` (both included), by step."""
     cells: dict[str, Cell] = {}
-    rows = WorkflowStepHour.objects.filter(workflow_class=workflow_class, hour__gte=first, hour__lt=last)
+    rows = WorkflowStepHour.objects.filter(workflow_class=workflow_class, hour__gte=first, hour__lte=last)
     for row in rows.order_by():
         histogram = Counter({int(index): n for index, n in row.durations.items()})
         counts = {name: getattr(row, name) for name in ("attempts", "reattempts", *ENDINGS)}
@@ -179,7 +188,7 @@ def hour_cells(workflow_class: str, first: datetime, last: datetime) -> dict[str
 
 
 def rolled_until() -> datetime | None:
-    """The end of the hours rolled up so far (None before the first)."""
+    """How far the rollup goes: every attempt finished before it is counted (None before the first)."""
     return WorkflowRollupMark.objects.filter(name=MARK).values_list("rolled_until", flat=True).first()
 
 
@@ -187,38 +196,60 @@ def roll_up(now: datetime, max_seconds: float = ROLLUP_SECONDS) -> int:
     """The sweep's ``rollups`` phase: roll up the settled hours, take the next checkpoint, drop expired hours.
 
     Returns how many rows it wrote. Spends at most ``max_seconds`` (at least one hour when any is due).
-    Called outside any transaction (the sweep's phases are): one of the caller's, open, would be
-    among those every checkpoint waits for.
     """
     if not sql.postgresql():
         return 0
     with transaction.atomic():
-        with sql.cursor() as cursor:  # first: before this transaction has an id of its own
-            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-            oldest_open = cursor.fetchone()[0]
         mark, _ = WorkflowRollupMark.objects.select_for_update().get_or_create(name=MARK)
         written = 0
-        caught_up = mark.checkpoint_xmax is None
-        if mark.checkpoint_at is not None and mark.checkpoint_xmax is not None and oldest_open >= mark.checkpoint_xmax:
-            settled = floor_hour(mark.checkpoint_at)
+        caught_up = mark.checkpoint_at is None
+        if mark.checkpoint_at is not None and not _still_open(mark.checkpoint_xids):
+            settled = mark.checkpoint_at
             start = mark.rolled_until or _first_hour() or settled
             deadline = time.monotonic() + max_seconds
             hours = 0
             while start < settled and (hours == 0 or time.monotonic() < deadline):
-                written += _write_hour(start)
-                start += HOUR
+                end = min(floor_hour(start) + HOUR, settled)
+                written += _add_range(start, end)
+                start = end
                 hours += 1
             mark.rolled_until = max(start, mark.rolled_until or start)
             caught_up = start >= settled
         if caught_up:
-            with sql.cursor() as cursor:
-                cursor.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
-                mark.checkpoint_xmax = cursor.fetchone()[0]
             mark.checkpoint_at = now - SETTLE
+            mark.checkpoint_xids = _open_here()
         mark.save()
         if settings.RETENTION is not None:
             WorkflowStepHour.objects.filter(hour__lt=now - settings.RETENTION - HOUR).delete()
     return written
+
+
+#: The transactions of this database that hold a transaction id now (other than this session's):
+#: each holds a lock on its own id (``pg_locks``) until it ends, committed or not.
+_OPEN_HERE = """
+    SELECT l.transactionid::text::bigint FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.pid <> pg_backend_pid()
+"""
+
+
+def _open_here() -> list[int]:
+    with sql.cursor() as cursor:
+        cursor.execute(_OPEN_HERE)
+        return sorted(xid for (xid,) in cursor.fetchall())
+
+
+def _still_open(xids: list[int]) -> bool:
+    """Whether any of the transactions ``xids`` has not ended yet."""
+    if not xids:
+        return False
+    with sql.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'"
+            " AND granted AND transactionid::text::bigint = ANY(%s))",
+            [xids],
+        )
+        return bool(cursor.fetchone()[0])
 
 
 def _first_hour() -> datetime | None:
@@ -227,10 +258,18 @@ def _first_hour() -> datetime | None:
     return None if moment is None else floor_hour(moment)
 
 
-def _write_hour(start: datetime) -> int:
-    """Write the rows of the hour from ``start`` (again, whole: a repeat replaces them)."""
-    cells = attempt_cells(gte=start, lt=start + HOUR)
-    WorkflowStepHour.objects.filter(hour=start).delete()
+def _add_range(start: datetime, end: datetime) -> int:
+    """Add the attempts finished from ``start`` up to ``end`` (within one hour) to their hour's rows."""
+    cells = attempt_cells(gte=start, lt=end)
+    if not cells:
+        return 0
+    kept = WorkflowStepHour.objects.filter(hour=floor_hour(start))  # the mark's lock keeps other sweeps out
+    for row in kept:
+        key = (row.workflow_class, row.step_name, row.hour)
+        if key in cells:
+            counts = {name: getattr(row, name) for name in ("attempts", "reattempts", *ENDINGS)}
+            histogram = Counter({int(index): n for index, n in row.durations.items()})
+            cells[key].add(Cell(**counts, durations=histogram))
     WorkflowStepHour.objects.bulk_create(
         [
             WorkflowStepHour(
@@ -243,6 +282,9 @@ def _write_hour(start: datetime) -> int:
                 **{name: getattr(cell, name) for name in ENDINGS},
             )
             for (workflow_class, step_name, hour), cell in cells.items()
-        ]
+        ],
+        update_conflicts=True,
+        unique_fields=["workflow_class", "hour", "step_name"],
+        update_fields=["attempts", "reattempts", "durations", *ENDINGS],
     )
     return len(cells)

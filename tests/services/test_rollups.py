@@ -26,8 +26,8 @@ from tests.threads import Worker
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CLASS = "insights_onboarding"
-#: Seconds a test waits at most for the rollup to pass an hour (a long transaction anywhere on
-#: the server, another test's, holds every rollup back until it ends).
+#: Seconds a test waits at most for the rollup to pass an hour (a long transaction in the test
+#: database, another thread's, holds every rollup back until it ends).
 SETTLED_WITHIN = 120
 
 
@@ -50,7 +50,7 @@ def roll_until(hour, now):
     """Run the phase until the rollup has passed ``hour`` (its first call only takes a checkpoint)."""
     deadline = time.monotonic() + SETTLED_WITHIN
     while (rollups.rolled_until() or hour) <= hour or rollups.rolled_until() is None:
-        assert time.monotonic() < deadline, "the rollup never passed the hour"
+        assert time.monotonic() < deadline, f"the rollup never passed {hour}"
         rollups.roll_up(now)
         time.sleep(0.05)
 
@@ -62,6 +62,7 @@ def figures(now, window="24h"):
 
 @pytest.mark.parametrize("window", ["1h", "6h", "24h"])
 def test_insights_read_from_the_rollup_are_those_read_from_the_attempts(history, window):
+    """The window's start on an hour, early in one (the part before taken off), late in one (the rest added)."""
     now = history
     raw = figures(now, window)
     assert WorkflowRollupMark.objects.count() == 0
@@ -70,13 +71,11 @@ def test_insights_read_from_the_rollup_are_those_read_from_the_attempts(history,
 
     assert WorkflowStepHour.objects.filter(workflow_class=CLASS).exists()
     assert figures(now, window) == raw
-    # the window's edges inside hours: later, the same history shows fewer attempts, the same way
-    later = now + timedelta(minutes=41)
-    assert rollups.rolled_until() <= later
-    with_rollup = figures(later, window)
-    WorkflowStepHour.objects.all().delete()
+    next_hour = rollups.floor_hour(now) + rollups.HOUR
+    moments = [next_hour, next_hour + timedelta(minutes=10), next_hour + timedelta(minutes=50)]
+    with_rollup = [figures(at, window) for at in moments]
     WorkflowRollupMark.objects.all().delete()
-    assert figures(later, window) == with_rollup
+    assert [figures(at, window) for at in moments] == with_rollup
 
 
 def test_the_hours_rolled_up_count_every_attempt_finished_in_them(history):
@@ -99,10 +98,9 @@ def test_the_hours_rolled_up_count_every_attempt_finished_in_them(history):
         assert sum(row.durations.values()) == ended.count()
 
 
-def test_an_outcome_that_commits_after_its_hour_is_rolled_up_with_it(history):
-    """A transaction open across a checkpoint holds the rollup back until it ends: its attempt is counted."""
+def test_an_outcome_that_commits_late_is_rolled_up(history):
+    """A transaction open at a checkpoint holds the rollup back until it ends: its attempt is counted."""
     now = history
-    rollups.roll_up(now)  # the first checkpoint
     late_hour = rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR
     run = WorkflowRun.objects.order_by("pk").first()
     locked, release = threading.Event(), threading.Event()
@@ -119,11 +117,9 @@ def test_an_outcome_that_commits_after_its_hour_is_rolled_up_with_it(history):
     worker = Worker(outcome)
     worker.start()
     assert locked.wait(30)
-    rollups.roll_up(now)  # settles the checkpoint taken before the lock: a new one, which the lock holds back
-    held = rollups.rolled_until()
-    for _ in range(3):
+    for _ in range(4):  # the first takes a checkpoint, which the open transaction holds back
         rollups.roll_up(now)
-        assert rollups.rolled_until() == held
+        assert rollups.rolled_until() is None
     release.set()
     worker.finish()
 
@@ -132,6 +128,26 @@ def test_an_outcome_that_commits_after_its_hour_is_rolled_up_with_it(history):
     row = WorkflowStepHour.objects.get(workflow_class=CLASS, step_name="confirm", hour=late_hour)
     assert (row.attempts, row.completed) == (1, 1)
     assert figures(now)[0] == figures_from_attempts(now)
+
+
+def test_the_hour_going_on_is_added_to_sweep_by_sweep(history):
+    """Attempts of an hour rolled up in part are added to its rows once, at a later checkpoint."""
+    now = history
+    roll_until(rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR, now)
+    before = {(r.step_name, r.hour): r.attempts for r in WorkflowStepHour.objects.all()}
+    hour = rollups.floor_hour(rollups.rolled_until())
+    later = rollups.rolled_until() + timedelta(seconds=30)
+    WorkflowStep.objects.filter(step_name="confirm").update(
+        status="completed", started_at=later - timedelta(seconds=2), finished_at=later
+    )
+
+    roll_until(rollups.rolled_until(), now + timedelta(minutes=5))
+
+    confirmed = WorkflowStep.objects.filter(step_name="confirm").count()
+    assert WorkflowStepHour.objects.get(step_name="confirm", hour=rollups.floor_hour(later)).attempts == confirmed
+    after = {(r.step_name, r.hour): r.attempts for r in WorkflowStepHour.objects.exclude(step_name="confirm")}
+    assert after == {key: n for key, n in before.items() if key[0] != "confirm"}
+    assert hour <= rollups.floor_hour(later)
 
 
 def figures_from_attempts(now):
@@ -152,7 +168,7 @@ def test_the_sweep_runs_the_rollup_phase(history):
     summary = Sweeper().run()
 
     assert "rollups" in summary and "failed" not in summary
-    assert WorkflowRollupMark.objects.get(name=rollups.MARK).checkpoint_xmax is not None
+    assert WorkflowRollupMark.objects.get(name=rollups.MARK).checkpoint_at is not None
 
 
 @pytest.mark.parametrize("seconds", [0.0005, 0.001, 0.0123, 1.0, 2.5, 61.0, 86400.0])

@@ -8,7 +8,8 @@ few runs of interest only) and ``<DATABASE_URL name>_scale_bench`` with the same
 interest and ``--runs`` finished three-step runs (their attempts and events: copies of a run
 the engine made, ``bench.scale_fill``), their ends spread over the last ``--days`` days, all
 but five of one busy class, five of a quiet class in the last day; and ``--waiting`` runs
-waiting three days and more for their next step. Then, alternating between the two
+waiting three days and more for their next step; the history rolled up for insights as the
+sweep would have (``services.rollups``). Then, alternating between the two
 databases from one repetition to the next (so a slow minute of the machine touches both):
 
 - backlog steps/s (``bench.dispatch``: 1,000 three-step runs started, then one dispatcher of
@@ -94,7 +95,7 @@ def build(runs: int, waiting: int, days: float) -> float:
     """Fill the current database (see the module's docstring); returns seconds."""
     from django.db import connection
 
-    from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
+    from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep, WorkflowStepHour
 
     began = time.perf_counter()
     made = templates()
@@ -103,10 +104,28 @@ def build(runs: int, waiting: int, days: float) -> float:
     copy_run(Copies(made["waiting"], waiting, "waits", 86400, due_in_seconds=3 * 86400))
     for name, pk in made.items():
         check_copies(pk, "waits" if name == "waiting" else name)
+    roll_up_history()
     with connection.cursor() as cursor:  # autocommit: VACUUM cannot run in a transaction
-        for model in (WorkflowRun, WorkflowStep, WorkflowEvent):
+        for model in (WorkflowRun, WorkflowStep, WorkflowEvent, WorkflowStepHour):
             cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
     return time.perf_counter() - began
+
+
+def roll_up_history(within: float = 600.0) -> None:
+    """Roll the copied history up as the sweep would have (``services.rollups``), waiting at most ``within`` seconds."""
+    from pgbus_workflows.services import rollups
+    from pgbus_workflows.sql import clock
+
+    deadline = time.monotonic() + within
+    rollups.roll_up(clock.now())  # the first checkpoint
+    while (rollups.rolled_until() or clock.now()) < rollups.floor_hour(clock.now() - rollups.SETTLE) or (
+        rollups.rolled_until() is None
+    ):
+        if time.monotonic() > deadline:  # a long transaction elsewhere on the server holds it back
+            print("The rollup did not catch up: insights read attempts past it.")
+            return
+        rollups.roll_up(clock.now(), max_seconds=within)
+        time.sleep(0.1)
 
 
 def pages() -> list[tuple[str, str]]:

@@ -33,6 +33,10 @@ is logged and retried next time without stopping the others):
 - ``cleanup`` (hourly, and at every sweep while a backlog is left): finished and cancelled
   runs older than ``RETENTION`` are deleted in batches of 500, for at most five seconds a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
+- ``rollups``: the attempts finished up to a settled checkpoint (no transaction that could
+  still commit one before it is open) are added to their class's, step's and hour's counts for
+  insights (``services.rollups``), for at most five seconds a sweep; hours older than
+  ``RETENTION`` go.
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
   every registered class, sent as the ``workflow_gauge`` Django signal (the read model is
   ``services.stuck``; retention's deletes are ``services.retention``).
@@ -61,6 +65,7 @@ from ..services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
 from ..services.holding import park_held_steps
 from ..services.isolation import RowFailures
 from ..services.retention import delete_expired_runs, expired_runs_left
+from ..services.rollups import roll_up
 from ..services.schedules import delete_expired_schedule_events
 from ..services.slot_sweep import give_back_stalled, reconcile
 from ..services.stuck import gauge
@@ -188,6 +193,7 @@ class Sweeper:
         if cleanup:
             phases.append(("cleanup", partial(delete_expired_runs, max_seconds=CLEANUP_SECONDS)))
             phases.append(("schedule_events", partial(delete_expired_schedule_events, max_batches=CLEANUP_BATCHES)))
+        phases.append(("rollups", roll_up))
         phases.append(("gauge", emit_gauge))
         return phases
 

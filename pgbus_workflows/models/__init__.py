@@ -2,7 +2,8 @@
 
 Models are data and queries only; ``services/`` is the one place that changes them. This
 package's modules split them by role (``runs``: runs and step attempts; ``records``: events,
-signals, fan-out jobs, dispatchers; ``schedules``; ``limiters``; ``holds``); every name is re-exported here, so
+signals, fan-out jobs, dispatchers; ``schedules``; ``limiters``; ``holds``; ``rollups``: insights'
+counts per class, step and hour); every name is re-exported here, so
 ``pgbus_workflows.models`` stays the one import path (and Django finds every model through it).
 """
 
@@ -28,6 +29,7 @@ from .records import (
     WorkflowEvent,
     WorkflowSignal,
 )
+from .rollups import WorkflowRollupMark, WorkflowStepHour
 from .runs import UNSUCCESSFUL_STEP, WorkflowRun, WorkflowRunQuerySet, WorkflowStep, WorkflowStepQuerySet
 from .schedules import ScheduleEvent, WorkflowSchedule
 from .tasks import TASK_CLASS_PREFIX, DjangoTask
@@ -56,10 +58,12 @@ __all__ = [
     "WorkflowHold",
     "WorkflowHoldQuerySet",
     "WorkflowLimiter",
+    "WorkflowRollupMark",
     "WorkflowRun",
     "WorkflowRunQuerySet",
     "WorkflowSchedule",
     "WorkflowSignal",
     "WorkflowStep",
+    "WorkflowStepHour",
     "WorkflowStepQuerySet",
 ]

@@ -5,7 +5,9 @@
   holds back apart from the others (``held_back``).
 - **Performance**: the attempts that finished in the window, by step: how many, how many
   completed, failed, were skipped or cancelled, how many were reattempts, and the p50/p95 of
-  their duration (claim to end). Read through ``pgbus_wf_step_finished``, bounded by the window.
+  their duration (claim to end). On PostgreSQL the hours come from the rollup the sweep keeps
+  (``services.rollups``: the cost does not grow with the window's volume) and the window's edges
+  from the attempts; p50/p95 come from a histogram of the durations (within about 4.5 %).
 - **Funnel**: of the runs the window started (``pgbus_wf_run_class_started``), how many reached
   each step (an attempt of it exists, ``pgbus_wf_step_run_name``), and where the others are or
   stopped, in which status. Retention deletes finished runs whole, so a window longer than
@@ -20,13 +22,14 @@ import statistics
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Aggregate, Count, DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 
 from .. import sql
 from ..dsl.declared import registry
 from ..models import WorkflowRun, WorkflowStep
 from ..sql import clock
 from ..states import ONGOING_RUN, RunStatus, StepStatus
+from . import rollups
 from .limiting import held_back_counts
 
 #: The windows an operator may pick, by the label the page and the MCP tool take.
@@ -45,16 +48,6 @@ HELD_BACK = "held_back"
 PIPELINE_COLUMNS = [str(RunStatus.READY), HELD_BACK, *(str(s) for s in PIPELINE_STATUSES[1:])]
 #: How the attempts of a step ended, in the order the performance table shows them.
 ENDINGS = [StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED]
-
-
-class Percentile(Aggregate):
-    """PostgreSQL's ``percentile_cont(fraction) WITHIN GROUP (ORDER BY expression)``."""
-
-    function = "percentile_cont"
-    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
-
-    def __init__(self, expression: Any, fraction: float) -> None:
-        super().__init__(expression, output_field=DurationField(), fraction=float(fraction))
 
 
 def class_insights(workflow_class: str, window: timedelta, now: datetime | None = None) -> dict[str, Any]:
@@ -117,9 +110,51 @@ def _pipeline(runs: QuerySet[WorkflowRun], workflow_class: str, now: datetime) -
 
 
 def _performance(workflow_class: str, since: datetime, now: datetime) -> list[dict[str, Any]]:
-    """The attempts of the class that finished in ``(since, now]``, by step."""
-    # The run's class as a subquery per attempt, not a join: the planner cannot hash the runs table
-    # for it, so the cost is the window's attempts (each a key lookup) whatever the history.
+    """The attempts of the class that finished in ``(since, now]``, by step.
+
+    On PostgreSQL: the hours rolled up so far from ``WorkflowStepHour``; from the attempts, what
+    finished since the rollup's end and the window's first hour's part outside the window
+    (taken off) or inside it (added), whichever is shorter (``services.rollups``).
+    """
+    if not sql.postgresql():
+        return _performance_sqlite(workflow_class, since, now)
+    until = rollups.rolled_until()
+    by_step: dict[str, rollups.Cell] = {}
+    if until is None or not since < until <= now:
+        edges: list[tuple[dict[str, datetime], bool]] = [({"gt": since, "lte": now}, True)]
+    else:
+        first, ceiling = rollups.floor_hour(since), rollups.ceil_hour(since)
+        if since - first <= ceiling - since or ceiling > until:
+            by_step = rollups.hour_cells(workflow_class, first, rollups.floor_hour(until))
+            edges = [({"gte": first, "lte": since}, False), ({"gte": until, "lte": now}, True)]
+        else:
+            by_step = rollups.hour_cells(workflow_class, ceiling, rollups.floor_hour(until))
+            edges = [({"gt": since, "lt": ceiling}, True), ({"gte": until, "lte": now}, True)]
+    for bounds, counted in edges:
+        for (_, step_name, _), cell in rollups.attempt_cells(workflow_class, **bounds).items():
+            mine = by_step.setdefault(step_name, rollups.Cell())
+            if counted:
+                mine.add(cell)
+            else:
+                mine.remove(cell)
+    return [_cell_row(step_name, cell) for step_name, cell in by_step.items() if cell.attempts]
+
+
+def _cell_row(step_name: str, cell: rollups.Cell) -> dict[str, Any]:
+    return {
+        "step": step_name,
+        "attempts": cell.attempts,
+        **{str(status): getattr(cell, name) for name, status in rollups.ENDINGS.items()},
+        "reattempts": cell.reattempts,
+        "failure_rate": cell.failed / cell.attempts,
+        "reattempt_rate": cell.reattempts / cell.attempts,
+        "p50_seconds": cell.percentile(0.5),
+        "p95_seconds": cell.percentile(0.95),
+    }
+
+
+def _performance_sqlite(workflow_class: str, since: datetime, now: datetime) -> list[dict[str, Any]]:
+    """SQLite: the window's attempts read and their exact percentiles computed here."""
     class_of_run = WorkflowRun.objects.filter(pk=OuterRef("run_id")).values("workflow_class")[:1]
     attempts = (
         WorkflowStep.objects.filter(finished_at__gt=since, finished_at__lte=now)
@@ -129,16 +164,10 @@ def _performance(workflow_class: str, since: datetime, now: datetime) -> list[di
     )
     endings = {str(status): Count("pk", filter=Q(status=status)) for status in ENDINGS}
     rows = attempts.values("step_name").annotate(attempts=Count("*"), reattempts=Count("pk", filter=Q(attempt__gt=1)))
-    found: list[dict[str, Any]]
-    if sql.postgresql():
-        duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-        percentiles = {"p50": Percentile(duration, 0.5), "p95": Percentile(duration, 0.95)}
-        found = [dict(row) for row in rows.annotate(**percentiles, **endings)]
-    else:  # SQLite has no percentile_cont: the window's durations, sorted here
-        found = [dict(row) for row in rows.annotate(**endings)]
-        durations = _durations(attempts)
-        for row in found:
-            row["p50"], row["p95"] = _percentiles(durations.get(row["step_name"], []))
+    found: list[dict[str, Any]] = [dict(row) for row in rows.annotate(**endings)]
+    durations = _durations(attempts)
+    for row in found:
+        row["p50"], row["p95"] = _percentiles(durations.get(row["step_name"], []))
     return [_performance_row(row) for row in found]
 
 

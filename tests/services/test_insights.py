@@ -129,9 +129,9 @@ def test_the_percentiles_are_the_durations_from_claim_to_end(runs):
 
     welcome = {row["step"]: row for row in class_insights("insights_onboarding", DAY, now)["performance"]}["welcome"]
 
-    # percentile_cont over 1, 2, 3, 4 s: 2.5 s and 3.85 s
-    assert welcome["p50_seconds"] == pytest.approx(2.5)
-    assert welcome["p95_seconds"] == pytest.approx(3.85)
+    # percentile_cont over 1, 2, 3, 4 s: 2.5 s and 3.85 s, read from the durations' histogram
+    assert welcome["p50_seconds"] == pytest.approx(2.5, rel=0.045)
+    assert welcome["p95_seconds"] == pytest.approx(3.85, rel=0.045)
 
 
 def test_the_python_percentiles_match_percentile_cont():

@@ -224,18 +224,10 @@ def roll_up(now: datetime, max_seconds: float = ROLLUP_SECONDS) -> int:
     return written
 
 
-#: The transactions of this database that hold a transaction id now (other than this session's):
-#: each holds a lock on its own id (``pg_locks``) until it ends, committed or not.
-_OPEN_HERE = """
-    SELECT l.transactionid::text::bigint FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-    WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
-      AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.pid <> pg_backend_pid()
-"""
-
-
 def _open_here() -> list[int]:
+    """The transactions of this database that hold a transaction id now (other than this session's)."""
     with sql.cursor() as cursor:
-        cursor.execute(_OPEN_HERE)
+        cursor.execute(sql.statement("open_transactions_here"))
         return sorted(xid for (xid,) in cursor.fetchall())
 
 
@@ -244,11 +236,7 @@ def _still_open(xids: list[int]) -> bool:
     if not xids:
         return False
     with sql.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock'"
-            " AND granted AND transactionid::text::bigint = ANY(%s))",
-            [xids],
-        )
+        cursor.execute(sql.statement("transactions_still_open"), [xids])
         return bool(cursor.fetchone()[0])
 
 

@@ -88,11 +88,14 @@ def copy_run(copies: Copies) -> float:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT id FROM {tables[WorkflowStep]} WHERE run_id = %s ORDER BY id", [copies.template_pk])
         step_ids = [row[0] for row in cursor.fetchall()]
+        cursor.execute(f"SELECT id FROM {tables[WorkflowEvent]} WHERE run_id = %s ORDER BY id", [copies.template_pk])
+        event_ids = [row[0] for row in cursor.fetchall()]
     for first in range(1, copies.count + 1, CHUNK):
         last = min(first + CHUNK - 1, copies.count)
         with transaction.atomic(), connection.cursor() as cursor:
             run_base = _next_id(cursor, tables[WorkflowRun])
             step_base = _next_id(cursor, tables[WorkflowStep])
+            event_base = _next_id(cursor, tables[WorkflowEvent])
             params = {
                 "template": copies.template_pk,
                 "first": first,
@@ -104,6 +107,9 @@ def copy_run(copies: Copies) -> float:
                 "step_base": step_base,
                 "steps": len(step_ids),
                 "step_ids": step_ids,
+                "event_base": event_base,
+                "events": len(event_ids),
+                "event_ids": event_ids,
                 "klass": copies.workflow_class,
             }
             # Copy g ends spread * g / count before now: every time of the template moves alike.
@@ -149,14 +155,17 @@ def copy_run(copies: Copies) -> float:
                 cursor,
                 WorkflowEvent,
                 {
-                    "id": f"nextval(pg_get_serial_sequence('{tables[WorkflowEvent]}', 'id'))",
+                    # Numbered as the template's are, so that each copy's events keep their order.
+                    "id": "%(event_base)s + (s.g - %(first)s) * %(events)s + m.n - 1",
                     "run_id": run_id,
                     "step_id": f"CASE WHEN t.step_id IS NULL THEN NULL ELSE {step_of} END",
                 },
-                f"{tables[WorkflowEvent]} t CROSS JOIN {series} WHERE t.run_id = %(template)s",
+                f"""{tables[WorkflowEvent]} t
+                    JOIN unnest(%(event_ids)s::bigint[]) WITH ORDINALITY AS m(old, n) ON m.old = t.id
+                    CROSS JOIN {series}""",
                 params,
             )
-            for table in (tables[WorkflowRun], tables[WorkflowStep]):
+            for table in tables.values():
                 _reset_sequence(cursor, table)
     return time.perf_counter() - began
 

@@ -374,30 +374,6 @@ def transaction_id(conn: Any, on_indexes: bool = False) -> str:
     return "SELECT pg_current_xact_id()::text, pg_backend_pid()" + (f", {INDEX_PLANS}" if on_indexes else "")
 
 
-@builds("open_transactions_here")
-def open_transactions_here(conn: Any) -> str:
-    """The ids of the transactions open in this database but this session's (PostgreSQL).
-
-    A transaction holds the exclusive lock on its own id from the moment it has one (its first
-    write) to its end; insights' rollup waits these out (``services.rollups``).
-    """
-    return (
-        "SELECT l.transactionid::text::bigint FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-        "WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted "
-        "AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-        "AND l.pid <> pg_backend_pid()"
-    )
-
-
-@builds("transactions_still_open")
-def transactions_still_open(conn: Any) -> str:
-    """Whether any of the transactions whose ids are the placeholder (a bigint array) is still open (PostgreSQL)."""
-    return (
-        "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' "
-        "AND granted AND transactionid::text::bigint = ANY(%s))"
-    )
-
-
 #: The engine's own statements find a few rows by their keys: planned without bitmap or
 #: sequential scans for the rest of the transaction (``sql.fetch_in_index_order`` says why),
 #: and never compiled. A statement's estimate grows with rows it will never read (the steps

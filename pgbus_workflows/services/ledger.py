@@ -20,7 +20,6 @@ from ..exceptions import WaitTimedOut
 from ..models import WorkflowEvent, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..sql.bulk import WriteBatch, insert_statement, link
-from ..sql.holding import active_holds
 from ..states import (
     ACTIVE_STEP,
     TERMINAL_RUN,
@@ -30,7 +29,7 @@ from ..states import (
     step_event,
     unless_paused,
 )
-from . import limiting
+from . import limiting, transactions
 from .handle import attempt_route, handle_class
 from .lineage import end_parent_job, settle_after_commit
 from .payload import storable_text
@@ -274,7 +273,7 @@ class RunLedger:
         if chain.queues is not None and queue not in chain.queues:
             return False
         if chain.holds is None:  # an operator's hold stops chains as it stops claims
-            chain.holds = active_holds()
+            chain.holds = transactions.holds_in_force()
         return ("class", self.run.workflow_class) not in chain.holds and ("queue", queue) not in chain.holds
 
     def claim_chained(self) -> WorkflowStep | None:

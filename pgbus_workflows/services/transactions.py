@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from .. import sql
+from ..sql.holding import active_holds, holds_from
 
 logger = logging.getLogger("pgbus_workflows")
 T = TypeVar("T")
@@ -28,6 +29,8 @@ T = TypeVar("T")
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 #: How long to wait for the server to finish (or abort) a transaction whose client vanished.
 SETTLE_SECONDS = 10.0
+#: The question of the id of this thread's :func:`commit_once` transaction, while its work runs.
+_asked = threading.local()
 
 
 def _pause(seconds: float) -> None:
@@ -96,11 +99,12 @@ def commit_once(work: Callable[[], T], *, retry: bool = True, attempts: int = 6,
         state: _Transaction[T] = _Transaction()
         try:
             with transaction.atomic():
-                identity = _identify(on_indexes)
+                identity = _asked.lead = _identify(on_indexes)
                 try:
                     state.result = work()
                     state.xid, state.backend = _identity(identity)
                 finally:
+                    _asked.lead = None
                     if identity is not None:
                         identity.drop()
                 state.finished = True
@@ -126,6 +130,16 @@ def _identify(on_indexes: bool) -> sql.Lead | None:
     :func:`commit_once`.
     """
     return sql.lead_with(sql.statement("transaction_id", on_indexes)) if sql.postgresql() else None
+
+
+def holds_in_force() -> frozenset[tuple[str, str]]:
+    """``(kind, name)`` of the holds in force, as this transaction began.
+
+    In :func:`commit_once`'s work on PostgreSQL they came with the question of its id, in the
+    first pipeline's round trip; elsewhere one read.
+    """
+    lead: sql.Lead | None = getattr(_asked, "lead", None)
+    return active_holds() if lead is None else holds_from(lead.row()[2])
 
 
 def _identity(lead: sql.Lead | None) -> tuple[str | None, int | None]:

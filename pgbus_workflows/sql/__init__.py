@@ -28,7 +28,7 @@ from psycopg import postgres
 from psycopg.abc import Loader
 from psycopg.adapt import PyFormat
 
-from . import claiming, debouncing, limiting, replica, rollups  # noqa: F401  (register their statements)
+from . import claiming, debouncing, limiting, replica, rollups, transactions  # noqa: F401  (register their statements)
 from .statements import BUILDERS
 
 _cache: dict[tuple[str, str, str, tuple[Hashable, ...]], str] = {}
@@ -97,6 +97,7 @@ class Lead:
     def __init__(self, text: str) -> None:
         self.text = text
         self._cursor: Any = None
+        self._row: tuple[Any, ...] | None = None
 
     def send(self) -> None:
         """Queue it (inside a pipeline)."""
@@ -104,15 +105,18 @@ class Lead:
         self._cursor.execute(self.text)
 
     def row(self) -> tuple[Any, ...]:
-        """Its row: from the pipeline that took it, or sent now (one round trip) if none did."""
+        """Its row: from the pipeline that took it, or sent now (one round trip) if none did; read once."""
+        if self._row is not None:
+            return self._row
         if _lead.pending is self:
             _lead.pending = None
             with pipeline():
                 self.send()
         try:
-            return tuple(self._cursor.fetchone())
+            self._row = tuple(self._cursor.fetchone())
         finally:
             self._cursor.close()
+        return self._row
 
     def drop(self) -> None:
         """Not to be sent after all (the work ended before a pipeline took it)."""

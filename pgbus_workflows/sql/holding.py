@@ -26,6 +26,17 @@ def held_names(conn: Any, kind: HoldKind) -> str:
     return f"ARRAY({active})"
 
 
+def held_pairs(conn: Any) -> str:
+    """An array of ``kind:name`` for every hold in force, for a statement's row (:func:`holds_from` reads it)."""
+    active = f"SELECT kind || ':' || name FROM {table(conn, WorkflowHold)} WHERE released_at IS NULL"
+    return f"ARRAY({active})"
+
+
+def holds_from(pairs: list[str]) -> frozenset[tuple[str, str]]:
+    """``(kind, name)`` of each ``kind:name`` of :func:`held_pairs` (a kind has no colon; a name may)."""
+    return frozenset((kind, name) for kind, _, name in (pair.partition(":") for pair in pairs))
+
+
 def active_holds() -> frozenset[tuple[str, str]]:
     """``(kind, name)`` of every hold in force: one descent of the active holds' index (empty when none)."""
     return frozenset(WorkflowHold.objects.filter(released_at__isnull=True).values_list("kind", "name"))

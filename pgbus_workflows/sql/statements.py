@@ -365,15 +365,6 @@ def constraints_deferred(conn: Any) -> str:
     return "SET CONSTRAINTS ALL DEFERRED"
 
 
-@builds("transaction_id")
-def transaction_id(conn: Any, on_indexes: bool = False) -> str:
-    """This transaction's id and this session's backend pid (PostgreSQL).
-
-    ``on_indexes``: the rest of the transaction is planned as a claim is (:data:`INDEX_PLANS`).
-    """
-    return "SELECT pg_current_xact_id()::text, pg_backend_pid()" + (f", {INDEX_PLANS}" if on_indexes else "")
-
-
 #: The engine's own statements find a few rows by their keys: planned without bitmap or
 #: sequential scans for the rest of the transaction (``sql.fetch_in_index_order`` says why),
 #: and never compiled. A statement's estimate grows with rows it will never read (the steps
@@ -383,15 +374,3 @@ INDEX_PLANS = (
     "set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true), "
     "set_config('jit', 'off', true)"
 )
-
-
-@builds("transaction_status")
-def transaction_status(conn: Any) -> str:
-    """Whether a transaction committed, aborted or is in progress (PostgreSQL)."""
-    return "SELECT pg_xact_status(%s::xid8)"
-
-
-@builds("terminate_backend")
-def terminate_backend(conn: Any) -> str:
-    """End another session (PostgreSQL)."""
-    return "SELECT pg_terminate_backend(%s)"

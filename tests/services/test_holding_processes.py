@@ -47,8 +47,9 @@ def test_two_dispatchers_claim_nothing_of_a_held_class_while_another_finishes_th
     release_class(HeldWork)
     release_class(HeldSignalled)
     eventually(_finished(HeldWork, 8), timeout=60, what="the held runs to finish after release")
-    eventually(lambda: SideEffect.objects.filter(label="held-go").count() == 1, timeout=60, what="the signal's step")
-    assert WorkflowRun.objects.get(pk=waiting.record.pk).status == "finished"
+    # The body's write commits before its outcome does: wait for the run, then count the writes.
+    eventually(lambda: _status(waiting) == "finished", timeout=60, what="the signalled run to finish")
+    assert SideEffect.objects.filter(label="held-go").count() == 1
     # Started during the hold, claimed after it: it waits for a signal of its own.
     eventually(lambda: _status(started) == "waiting", timeout=30, what="the run started during the hold to wait")
     assert SideEffect.objects.filter(label="held-first").count() == 8

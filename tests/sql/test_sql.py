@@ -263,17 +263,16 @@ def test_the_engines_cursors_read_timestamps_with_psycopgs_own_loader_as_django_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_batch_of_outcomes_is_five_round_trips_its_transactions_id_asked_with_its_locks():
-    """The id a lost COMMIT is checked by (``commit_once``) needs no round trip of its own."""
+def test_a_batch_of_outcomes_is_four_round_trips_its_transactions_id_and_holds_asked_with_its_locks():
+    """The id a lost COMMIT is checked by (``commit_once``) and the holds chains obey cost no round trip."""
     for _ in range(3):
         Counted.start()
     performed = [perform_step(step, verify=False) for step in claim_due_steps(3, claimed_by="d")]
     with round_trips() as trips:
         apply_outcomes(performed, Chain("d"))
-    # BEGIN (psycopg syncs it apart in a pipeline); the locks and the id; the holds in force
-    # (read once a batch, before its first chained step: services.holding); the writes and the
-    # next steps' claim; the COMMIT.
-    assert trips() == 5
+    # BEGIN (psycopg syncs it apart in a pipeline); the locks, the id and the holds in force
+    # (the chains obey them: services.ledger); the writes and the next steps' claim; the COMMIT.
+    assert trips() == 4
     assert WorkflowStep.objects.filter(status="completed").count() == 3
     assert WorkflowStep.objects.filter(status="in_progress", claimed_by="d").count() == 3  # chained
 

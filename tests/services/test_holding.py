@@ -4,12 +4,13 @@ import logging
 
 import pytest
 
-from pgbus_workflows import hold_class, hold_queue, release_class, release_queue
+from pgbus_workflows import hold_class, hold_queue, release_class, release_queue, sql
 from pgbus_workflows.dsl.declared import NotRegistered
 from pgbus_workflows.models import WorkflowHold, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.holding import active_holds
+from pgbus_workflows.services.transactions import commit_once, holds_in_force
 from tests.testapp.held_workflows import FreeWork, HeldSignalled, HeldWork
 
 pytestmark = pytest.mark.django_db
@@ -137,3 +138,19 @@ def test_a_queue_hold_parks_the_steps_on_its_queue_and_with_nothing_held_the_swe
     assert WorkflowStep.objects.get(run_id=wf.record.pk).parked_on == "hold:queue:held"
     release_queue("held")
     assert not WorkflowStep.objects.get(run_id=wf.record.pk).parked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_batch_reads_the_holds_with_its_transactions_id_names_with_colons_kept():
+    hold_class(HeldWork, reason="down")
+    hold_queue("region:eu", reason="maintenance")
+
+    def read() -> frozenset[tuple[str, str]]:
+        with sql.pipeline() as cursor:  # the work's first pipeline takes the question of the id
+            cursor.execute("SELECT 1")
+        return holds_in_force()
+
+    assert commit_once(read) == {("class", "held_work"), ("queue", "region:eu")}
+    release_queue("region:eu")
+    assert commit_once(read) == {("class", "held_work")}
+    assert holds_in_force() == {("class", "held_work")}  # outside commit_once: one read of its own

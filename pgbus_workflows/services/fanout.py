@@ -346,9 +346,11 @@ def resolve_in_ledger(ledger: RunLedger, step: WorkflowStep) -> bool:
         return False
     if ledger.run.status != RunStatus.WAITING or unfinished(step.pk):
         return False
-    counts = progress(step)
-    definition = ledger.cls.step_definition(step.step_name)
+    counts, definition = progress(step), ledger.cls.step_definition(step.step_name)
     summary = {"total": counts["total"], "succeeded": counts["succeeded"], "failed": counts["failed"]}
+    if definition is not None and definition.on_job_failure == "run":  # the body reads the ends (a durable function)
+        waiting.wake(ledger, step, kind="fan_out_ended", details={"fan_out": summary})
+        return True
     members = "children" if step.jobs.filter(function__startswith=CHILD_PREFIX).exists() else "jobs"
     if counts["failed"] and (definition is None or definition.on_job_failure == "fail"):
         error = FanOutFailed(f"{counts['failed']} of {counts['total']} {members} of {step.step_name} failed")

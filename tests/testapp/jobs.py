@@ -107,3 +107,14 @@ async def async_square(n: int) -> int:
     """An ``async def`` job: awaits the ORM, records the call and returns n squared."""
     await SideEffect.objects.acreate(label="async_square", key=str(n))
     return n * n
+
+
+# -- durable functions' ctx.map (tests/functions/test_mapping.py) --------------------------------------
+
+
+def odd_fails(n: int) -> int:
+    """Record the call (keyed ``n``); raise for an odd ``n``, else return ``n * 10``."""
+    SideEffect.objects.create(label="odd_fails", key=str(n))
+    if n % 2:
+        raise ValueError(f"{n} is odd")
+    return n * 10

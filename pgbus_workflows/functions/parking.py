@@ -71,7 +71,8 @@ def start_child(ctx: Any, name: str, cls: Any, subject: Any, keywords: dict[str,
     options = {key: keywords.pop(key) for key in CHILD_OPTIONS if key in keywords}
     parent_close = options.pop("parent_close", "cancel")
     if parent_close not in PARENT_CLOSE_POLICIES:
-        raise ConfigurationError(f"parent_close must be one of {', '.join(PARENT_CLOSE_POLICIES)}, got {parent_close!r}")
+        choices = ", ".join(PARENT_CLOSE_POLICIES)
+        raise ConfigurationError(f"ctx.child(parent_close=) must be one of {choices}, got {parent_close!r}")
     definition = _definition(name, options, CHILD_OPTIONS, "ctx.child")
     checkpoint = ctx._number(name)
     landed = _replayed(ctx, checkpoint)
@@ -114,9 +115,8 @@ def _land(
     if failed and definition.on_job_failure == "fail":
         first = next(error for status, _, error in members if status != JobStatus.SUCCEEDED)
         last_line = first.strip().splitlines()[-1] if first.strip() else ""
-        error = FanOutFailed(
-            f"{failed} of {len(members)} {noun} of {checkpoint} failed" + (f" (first: {last_line})" if last_line else "")
-        )
+        first_error = f" (first: {last_line})" if last_line else ""
+        error = FanOutFailed(f"{failed} of {len(members)} {noun} of {checkpoint} failed{first_error}")
         return True, ctx._failed(step, checkpoint, definition, error)
     output = shape([result if status == JobStatus.SUCCEEDED else None for status, result, _ in members])
     ctx._record(step, output)

@@ -180,4 +180,3 @@ def test_unknown_options_and_bad_values_are_refused(helpers):
     run = bad.start(None)
     helpers.speedrun_workflow(run)
     assert "ctx.map takes max_attempts, on_job_failure, on_exception, not backof" in steps_of(run)[-1].error_message
-

@@ -9,7 +9,7 @@ import pytest
 from pgbus_workflows import StepFailed, durable
 from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.states import RunStatus, StepStatus
-from tests.support import steps_of
+from tests.support import VIEW, run_page, staff_user, steps_of
 from tests.testapp.durable_workflows import Doubler, durable_gather, durable_tripler
 from tests.testapp.models import SideEffect
 
@@ -114,3 +114,41 @@ def test_a_class_that_is_not_a_workflow_is_refused(helpers):
     run = orphan.start(None)
     helpers.speedrun_workflow(run)
     assert "ctx.child('x') takes a Workflow subclass" in steps_of(run)[-1].error_message
+
+
+def test_the_admin_run_page_links_the_child_and_counts_it_on_its_checkpoint(helpers, client, django_user_model):
+    client.force_login(staff_user(django_user_model, "vera", *VIEW))
+    run = parent.start(None, n=2)
+    until_parked(helpers, run)
+    (child,) = run.children
+    html = client.get(run_page(run)).content.decode()
+    assert run_page(child) in html  # the children panel links the child run
+    assert "double" in html
+    page = client.get(run_page(child)).content.decode()
+    assert run_page(run) in page  # and the child's page links its parent
+
+
+@durable(name="child_abandoning_parent", allow_multiple=True)
+def abandoning(ctx, n):
+    return ctx.child("double", Doubler, None, n=n, parent_close="abandon")
+
+
+def test_parent_close_abandon_leaves_the_child_running_when_the_parent_is_cancelled(helpers):
+    run = abandoning.start(None, n=1)
+    until_parked(helpers, run)
+    run.cancel()
+    (child,) = run.children
+    assert child.reload().status == RunStatus.READY
+    assert child.record.parent_close == "abandon"
+
+
+def test_a_paused_child_is_still_running_for_its_parent(helpers):
+    run = parent.start(None, n=3)
+    until_parked(helpers, run)
+    (child,) = run.children
+    child.pause()
+    assert run.reload().status == RunStatus.WAITING
+    child.resume()
+    helpers.complete_fan_out(run)
+    helpers.speedrun_workflow(run)
+    assert run.result() == {"doubled": 6}

@@ -4,10 +4,14 @@ Run in process with the test helpers (``complete_fan_out`` runs the jobs through
 executor); everything is asserted on the rows.
 """
 
+from io import StringIO
+
 import pytest
+from django.core.management import call_command
 
 from pgbus_workflows import OnException, StepFailed, durable
 from pgbus_workflows.models import FanOutJob, WorkflowStep
+from pgbus_workflows.services import claims
 from pgbus_workflows.states import JobStatus, RunStatus, StepStatus
 from tests.support import events_of, steps_of
 from tests.testapp.jobs import odd_fails, square
@@ -180,3 +184,43 @@ def test_unknown_options_and_bad_values_are_refused(helpers):
     run = bad.start(None)
     helpers.speedrun_workflow(run)
     assert "ctx.map takes max_attempts, on_job_failure, on_exception, not backof" in steps_of(run)[-1].error_message
+
+
+def test_workflows_show_gives_the_map_checkpoint_its_job_counts(helpers):
+    run = squares.start(None, numbers=[1, 2])
+    run_to_fan_out(helpers, run)
+    out = StringIO()
+    call_command("workflows", "show", str(run.workflow_id), stdout=out)
+    assert "fan-out 0/2 done, 0 failed, 0 cancelled, 2 pending" in out.getvalue()
+    helpers.complete_fan_out(run)
+    helpers.speedrun_workflow(run)
+    out = StringIO()
+    call_command("workflows", "show", str(run.workflow_id), stdout=out)
+    assert "fan-out 2/2 done, 0 failed, 0 cancelled, 0 pending" in out.getvalue()
+
+
+def test_a_replay_returns_the_recorded_results_without_reading_a_job(helpers):
+    run = twice.start(None)
+    run_to_fan_out(helpers, run)
+    helpers.complete_fan_out(run)
+    run_to_fan_out(helpers, run)  # the first map is recorded; the second parks
+    FanOutJob.objects.filter(step__step_name="batch", run_id=run.record.pk).delete()
+    helpers.complete_fan_out(run)
+    helpers.speedrun_workflow(run)
+    assert run.result() == [1, 4, 9]
+
+
+def test_a_dispatcher_dying_as_the_function_reads_the_ends_runs_no_job_again(helpers):
+    run = squares.start(None, numbers=[1, 2])
+    run_to_fan_out(helpers, run)
+    helpers.complete_fan_out(run)
+    woken = WorkflowStep.objects.get(run_id=run.record.pk, status=StepStatus.SCHEDULED)
+    assert woken.step_name == "squares"
+    claimed = claims.claim_step(woken.pk, claimed_by="doomed")
+    assert claimed is not None
+    assert claims.stall(claimed.pk, run.record.pk, detection="dispatcher_dead")  # as the sweep finds it
+    helpers.speedrun_workflow(run)
+    assert run.result() == {"sum": 5, "values": [1, 4]}
+    assert calls("square") == [1, 2]
+    attempts = [(s.attempt, s.outcome, s.fan_out_total) for s in steps_of(run) if s.step_name == "squares"]
+    assert attempts == [(1, "stalled", 2), (2, "success", None)]

@@ -118,3 +118,8 @@ def odd_fails(n: int) -> int:
     if n % 2:
         raise ValueError(f"{n} is odd")
     return n * 10
+
+
+def meet_pair(pair: list) -> int:
+    """``meet(*pair)``: a ``ctx.map`` item is one argument, here ``[barrier name, index]``."""
+    return meet(pair[0], pair[1])

@@ -148,7 +148,8 @@ class DurableContext:
         """Run ``fn(item)`` as one fan-out job per item; the run parks until all ended; their results, in order.
 
         ``fn`` is a module-level function (stored by its dotted path, as a fan-out job's).
-        Options: ``max_attempts`` per job, ``on_job_failure`` ("fail" or "continue"), ``on_exception``.
+        Options: ``max_attempts`` and ``backoff`` per job, ``on_job_failure`` ("fail" or "continue"),
+        ``on_exception``.
         """
         from . import parking  # deferred: it imports the models, which the package root must not
 

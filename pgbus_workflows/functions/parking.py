@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..dsl.definitions import JOB_FAILURE_ACTIONS, OnException, StepDefinition
-from ..dsl.jobs import PARENT_CLOSE_POLICIES, job_path
+from ..dsl.jobs import PARENT_CLOSE_POLICIES, backoff_payload, job_path
 from ..exceptions import ConfigurationError, FanOutFailed, StepFailed
 from ..models import FanOutJob, JobStatus, WorkflowStep
 from ..services.children import ChildStart, check_depth, child_key
@@ -31,7 +31,7 @@ from ..services.start import check_start
 from ..states import StepOutcomeKind, StepStatus
 
 #: What ``ctx.map`` takes beside the name, the function and the items.
-MAP_OPTIONS = ("max_attempts", "on_job_failure", "on_exception")
+MAP_OPTIONS = ("max_attempts", "backoff", "on_job_failure", "on_exception")
 #: The keywords ``ctx.child`` keeps for itself; every other keyword is the child's argument.
 CHILD_OPTIONS = ("parent_close", "on_exception")
 
@@ -43,6 +43,7 @@ def map_items(ctx: Any, name: str, fn: Callable[..., Any], items: Iterable[Any],
     """``ctx.map``: one fan-out job per item calling ``fn(item)``; the results in item order once all ended."""
     path = _job_path(name, fn)
     definition = _definition(name, options, MAP_OPTIONS, "ctx.map")
+    backoff = backoff_payload(options.get("backoff"), "ctx.map(backoff=)")
     checkpoint = ctx._number(name)
     landed = _replayed(ctx, checkpoint)
     if landed is not None:
@@ -55,8 +56,9 @@ def map_items(ctx: Any, name: str, fn: Callable[..., Any], items: Iterable[Any],
         if not values:
             ctx._record(step, [])
             return True, []
+        stored = {} if backoff is None else {"backoff": backoff}  # read by whichever process ends an attempt
         jobs = [
-            (path, encode_payload({"args": [value], "kwargs": {}}, f"item {index} of ctx.map({name!r})"))
+            (path, encode_payload({"args": [value], "kwargs": {}, **stored}, f"item {index} of ctx.map({name!r})"))
             for index, value in enumerate(values)
         ]
         _open(step, StepOutcome("fan_out", jobs=jobs))

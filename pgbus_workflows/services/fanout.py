@@ -28,7 +28,7 @@ from .. import sql
 from ..conf import settings
 from ..dsl.definitions import resolve_wait
 from ..dsl.deploy import can_run_job
-from ..dsl.jobs import resolve_job
+from ..dsl.jobs import resolve_job, stored_backoff
 from ..exceptions import FanOutFailed
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
@@ -308,7 +308,7 @@ def _fail(job: FanOutJob, error: str) -> str:
     if job.attempts < job.max_attempts:
         definition = handle_class(job.run.workflow_class).step_definition(job.step.step_name)
         try:
-            backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
+            backoff = resolve_wait(stored_backoff(job.arguments, definition), job.attempts)
         except Exception as failure:  # the backoff callable raised: no retry, the job fails with both errors
             error += f"\nThe backoff of {job.step.step_name} raised, so the job is not retried:\n{_formatted(failure)}"
             return JobStatus.FAILED if finish_attempt(job, JobStatus.FAILED, error=error) else ""

@@ -4,14 +4,17 @@ Run in process with the test helpers (``complete_fan_out`` runs the jobs through
 executor); everything is asserted on the rows.
 """
 
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 
-from pgbus_workflows import OnException, StepFailed, durable
+from pgbus_workflows import OnException, StepFailed, backoff, durable
 from pgbus_workflows.models import FanOutJob, WorkflowStep
 from pgbus_workflows.services import claims
+from pgbus_workflows.services.fanout import claim_job, execute_job
+from pgbus_workflows.sql import clock
 from pgbus_workflows.states import JobStatus, RunStatus, StepStatus
 from tests.support import events_of, steps_of
 from tests.testapp.jobs import odd_fails, square
@@ -183,7 +186,10 @@ def test_unknown_options_and_bad_values_are_refused(helpers):
 
     run = bad.start(None)
     helpers.speedrun_workflow(run)
-    assert "ctx.map takes max_attempts, on_job_failure, on_exception, not backof" in steps_of(run)[-1].error_message
+    assert (
+        "ctx.map takes max_attempts, backoff, on_job_failure, on_exception, not backof"
+        in steps_of(run)[-1].error_message
+    )
 
 
 def test_workflows_show_gives_the_map_checkpoint_its_job_counts(helpers):
@@ -224,3 +230,31 @@ def test_a_dispatcher_dying_as_the_function_reads_the_ends_runs_no_job_again(hel
     assert calls("square") == [1, 2]
     attempts = [(s.attempt, s.outcome, s.fan_out_total) for s in steps_of(run) if s.step_name == "squares"]
     assert attempts == [(1, "stalled", 2), (2, "success", None)]
+
+
+@durable(name="map_backs_off", allow_multiple=True)
+def backs_off(ctx, numbers, spec):
+    wait = timedelta(seconds=spec) if isinstance(spec, int) else backoff(base=timedelta(seconds=20), jitter=False)
+    return ctx.map("tens", odd_fails, numbers, max_attempts=2, backoff=wait)
+
+
+@pytest.mark.parametrize(("spec", "seconds"), [(30, 30), ("backoff", 20)])
+def test_a_failed_job_is_retried_after_the_backoff_its_row_stores(helpers, spec, seconds):
+    run = backs_off.start(None, numbers=[1], spec=spec)
+    parked = run_to_fan_out(helpers, run)
+    (job,) = FanOutJob.objects.filter(step=parked)
+    assert "backoff" in job.arguments  # whichever process ends the attempt reads it there
+    before = clock.now()
+    assert execute_job(claim_job(job.pk)) == JobStatus.PENDING
+    job.refresh_from_db()
+    assert before + timedelta(seconds=seconds - 1) < job.scheduled_at <= clock.now() + timedelta(seconds=seconds)
+
+
+def test_a_backoff_callable_other_than_backoff_is_refused(helpers):
+    @durable(name="map_backoff_callable", allow_multiple=True)
+    def bad(ctx):
+        return ctx.map("x", square, [1], backoff=lambda attempt: attempt)
+
+    run = bad.start(None)
+    helpers.speedrun_workflow(run)
+    assert "ctx.map(backoff=) takes a duration or a backoff(...)" in steps_of(run)[-1].error_message

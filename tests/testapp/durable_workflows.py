@@ -4,7 +4,7 @@ import time
 from datetime import timedelta
 
 from pgbus_workflows import Workflow, durable, step
-from tests.testapp.jobs import square
+from tests.testapp.jobs import blocks_until_released, square
 from tests.testapp.models import SideEffect
 
 
@@ -70,3 +70,10 @@ def durable_gather(ctx, numbers):
     doubled = ctx.child("double", Doubler, None, n=sum(squares))
     tripled = ctx.child("triple", durable_tripler, None, n=doubled)
     return {"squares": squares, "doubled": doubled, "tripled": tripled}
+
+
+@durable(name="durable_map_killed", allow_multiple=True)
+def durable_map_killed(ctx):
+    """A checkpoint, then a map whose job blocks until released (its dispatcher is killed meanwhile)."""
+    ctx.step("before", _noted("before", 1))
+    return ctx.map("work", blocks_until_released, ["a", "b"])

@@ -123,3 +123,13 @@ def odd_fails(n: int) -> int:
 def meet_pair(pair: list) -> int:
     """``meet(*pair)``: a ``ctx.map`` item is one argument, here ``[barrier name, index]``."""
     return meet(pair[0], pair[1])
+
+
+def blocks_until_released(key: str) -> str:
+    """Record ``map-blocking`` (keyed ``key``), then wait until a ``release`` row exists (a kill victim's job)."""
+    import time
+
+    SideEffect.objects.create(label="map-blocking", key=key)
+    while not SideEffect.objects.filter(label="release").exists():
+        time.sleep(0.05)
+    return key

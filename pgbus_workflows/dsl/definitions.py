@@ -158,7 +158,8 @@ class StepDefinition:
     #: A duration, or (a deadline per run) a callable of the workflow or the name of one of its methods.
     wait_timeout: timedelta | Callable[..., Any] | str | None = None
     on_timeout: str = "pause"
-    #: Fan-out only: attempts per job, the wait between them, and what a failed job does.
+    #: Fan-out only: attempts per job, the wait between them, and what a failed job does ("fail",
+    #: "continue"; "run": the step is woken to run again and read its members' ends, a durable function's).
     max_attempts: int = 1
     backoff: WaitSpec = None
     on_job_failure: str = "fail"

@@ -9,6 +9,7 @@ started in the transaction that parks the fan-out step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from types import FunctionType
 from typing import Any
 
@@ -16,6 +17,8 @@ from django.apps import apps
 from django.utils.module_loading import import_string
 
 from ..exceptions import ConfigurationError
+from .backoff import Backoff
+from .definitions import StepDefinition, WaitSpec, coerce_duration
 
 #: The longest job path the jobs table stores (``varchar(255)``).
 MAX_PATH_LENGTH = 255
@@ -106,3 +109,35 @@ def resolve_job(path: str) -> FunctionType:
     if not isinstance(function, FunctionType) or f"{function.__module__}.{function.__qualname__}" != path:
         raise ConfigurationError(f"{path} is not a module-level function")
     return function
+
+
+def backoff_payload(spec: Any, what: str) -> Any:
+    """A job backoff as its row stores it: seconds, or a ``backoff()``'s fields; None for none.
+
+    Stored with each job (a durable function's ``ctx.map``), so that whichever process ends
+    an attempt waits as asked. Any other callable raises :class:`ConfigurationError`.
+    """
+    if spec is None:
+        return None
+    if isinstance(spec, Backoff):
+        top = None if spec.max is None else spec.max.total_seconds()
+        return {"base": spec.base.total_seconds(), "factor": spec.factor, "max": top, "jitter": spec.jitter}
+    if callable(spec):
+        raise ConfigurationError(f"{what} takes a duration or a backoff(...), stored with each job, not {spec!r}")
+    return coerce_duration(spec, what).total_seconds()
+
+
+def stored_backoff(arguments: Any, definition: StepDefinition | None) -> WaitSpec:
+    """The wait between a job's attempts: the one its row stores (:func:`backoff_payload`), else its step's."""
+    stored = arguments.get("backoff") if isinstance(arguments, dict) else None
+    if stored is None:
+        return None if definition is None else definition.backoff
+    if isinstance(stored, dict):
+        top = stored["max"]
+        return Backoff(
+            base=timedelta(seconds=stored["base"]),
+            factor=stored["factor"],
+            max=None if top is None else timedelta(seconds=top),
+            jitter=stored["jitter"],
+        )
+    return timedelta(seconds=stored)

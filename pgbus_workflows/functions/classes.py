@@ -72,11 +72,18 @@ class DurableWorkflow(Workflow):
     def _definition(cls, name: str) -> StepDefinition:
         base = name.split("#", 1)[0]
         known = cls._checkpoints.get(base)
+        # A wait's timeout wakes the function, which takes None (on_timeout="run"), and so does the
+        # end of a fan-out's last member (on_job_failure="run"): in any process, the function decides.
         if known is None:
-            return StepDefinition(name=name, func=drive, on_timeout="run")
-        # A wait's timeout wakes the function, which takes None (on_timeout="run"), in any process.
+            return StepDefinition(name=name, func=drive, on_timeout="run", on_job_failure="run")
         return StepDefinition(
-            name=name, func=drive, on_exception=known.on_exception, options=known.options, on_timeout="run"
+            name=name,
+            func=drive,
+            on_exception=known.on_exception,
+            options=known.options,
+            on_timeout="run",
+            max_attempts=known.max_attempts,
+            on_job_failure="run",
         )
 
     @classmethod

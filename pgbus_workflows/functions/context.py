@@ -10,7 +10,7 @@ attempt was taken from it.
 from __future__ import annotations
 
 import traceback as tb
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -143,6 +143,32 @@ class DurableContext:
             raise Stopped()
         self._record(self._context.step, found[1])
         return found[1]
+
+    def map(self, name: str, fn: Callable[[Any], Any], items: Iterable[Any], **options: Any) -> list[Any]:
+        """Run ``fn(item)`` as one fan-out job per item; the run parks until all ended; their results, in order.
+
+        ``fn`` is a module-level function (stored by its dotted path, as a fan-out job's).
+        Options: ``max_attempts`` and ``backoff`` per job, ``on_job_failure`` ("fail" or "continue"),
+        ``on_exception``.
+        """
+        from . import parking  # deferred: it imports the models, which the package root must not
+
+        done, value = parking.map_items(self, name, fn, items, options)
+        if not done:
+            raise Stopped()
+        return value  # type: ignore[no-any-return]
+
+    def child(self, name: str, cls: type, subject: Any = None, **arguments: Any) -> Any:
+        """Start ``cls`` once as a child run with ``subject`` and ``arguments``; park until it ends; its result.
+
+        ``parent_close`` and ``on_exception`` are this call's options, not the child's arguments.
+        """
+        from . import parking  # deferred: it imports the models, which the package root must not
+
+        done, value = parking.start_child(self, name, cls, subject, arguments)
+        if not done:
+            raise Stopped()
+        return value
 
     def _replayed(self, checkpoint: str) -> bool:
         """True when the run recorded ``checkpoint`` at this position (another name: it stops the run)."""

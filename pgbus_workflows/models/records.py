@@ -32,6 +32,8 @@ EVENT_KINDS: dict[str, str] = {
     "step_timed_out": "A ``wait_for`` step passed its ``wait_timeout`` with ``on_timeout='run'``: its body runs now.",
     "wait_timed_out": "A ``wait_for`` step passed its ``wait_timeout``; details name the ``on_timeout`` action taken.",
     "fan_out_started": "The step's fan-out recorded its jobs or child runs and the run waits for them.",
+    "fan_out_ended": "The last member of a durable function's fan-out (``ctx.map``, ``ctx.child``) ended: its "
+    "checkpoint runs again and reads their ends.",
     "child_reattached": "A reattempted fan-out found the child run an earlier attempt started, and kept it.",
     "signal_received": "A signal was sent to the run (its payload is on the signal row).",
     "signal_consumed": "A waiting step took a pending signal.",

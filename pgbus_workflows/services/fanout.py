@@ -28,7 +28,7 @@ from .. import sql
 from ..conf import settings
 from ..dsl.definitions import resolve_wait
 from ..dsl.deploy import can_run_job
-from ..dsl.jobs import resolve_job
+from ..dsl.jobs import resolve_job, stored_backoff
 from ..exceptions import FanOutFailed
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
@@ -308,7 +308,7 @@ def _fail(job: FanOutJob, error: str) -> str:
     if job.attempts < job.max_attempts:
         definition = handle_class(job.run.workflow_class).step_definition(job.step.step_name)
         try:
-            backoff = resolve_wait(definition.backoff if definition else None, job.attempts)
+            backoff = resolve_wait(stored_backoff(job.arguments, definition), job.attempts)
         except Exception as failure:  # the backoff callable raised: no retry, the job fails with both errors
             error += f"\nThe backoff of {job.step.step_name} raised, so the job is not retried:\n{_formatted(failure)}"
             return JobStatus.FAILED if finish_attempt(job, JobStatus.FAILED, error=error) else ""
@@ -346,9 +346,11 @@ def resolve_in_ledger(ledger: RunLedger, step: WorkflowStep) -> bool:
         return False
     if ledger.run.status != RunStatus.WAITING or unfinished(step.pk):
         return False
-    counts = progress(step)
-    definition = ledger.cls.step_definition(step.step_name)
+    counts, definition = progress(step), ledger.cls.step_definition(step.step_name)
     summary = {"total": counts["total"], "succeeded": counts["succeeded"], "failed": counts["failed"]}
+    if definition is not None and definition.on_job_failure == "run":  # the body reads the ends (a durable function)
+        waiting.wake(ledger, step, kind="fan_out_ended", details={"fan_out": summary})
+        return True
     members = "children" if step.jobs.filter(function__startswith=CHILD_PREFIX).exists() else "jobs"
     if counts["failed"] and (definition is None or definition.on_job_failure == "fail"):
         error = FanOutFailed(f"{counts['failed']} of {counts['total']} {members} of {step.step_name} failed")

@@ -3,7 +3,8 @@
 import time
 from datetime import timedelta
 
-from pgbus_workflows import durable
+from pgbus_workflows import Workflow, durable, step
+from tests.testapp.jobs import blocks_until_released, square
 from tests.testapp.models import SideEffect
 
 
@@ -40,3 +41,39 @@ def durable_killed(ctx):
     ctx.step("before", _noted("before", 1))
     ctx.step("blocking", _blocks_until_released)
     return ctx.step("after", _noted("after", "done"))
+
+
+class Doubler(Workflow):
+    """A step class as a durable function's child: doubles ``n``, or cancels itself when ``cancel``."""
+
+    name = "durable_doubler"
+    allow_multiple = True
+
+    @step
+    def double(self):
+        SideEffect.objects.create(label="double", key=str(self.arguments["n"]))
+        if self.arguments.get("cancel"):
+            self.cancel("asked to")
+        self.finished(self.arguments["n"] * 2)
+
+
+@durable(name="durable_tripler", allow_multiple=True)
+def durable_tripler(ctx, n):
+    """A durable function as a child: triples ``n`` in a checkpoint."""
+    return ctx.step("triple", _noted("triple", n * 3))
+
+
+@durable(name="durable_gather", allow_multiple=True)
+def durable_gather(ctx, numbers):
+    """A map of ``square`` over ``numbers``, then a child of each kind; returns what they gave."""
+    squares = ctx.map("squares", square, numbers)
+    doubled = ctx.child("double", Doubler, None, n=sum(squares))
+    tripled = ctx.child("triple", durable_tripler, None, n=doubled)
+    return {"squares": squares, "doubled": doubled, "tripled": tripled}
+
+
+@durable(name="durable_map_killed", allow_multiple=True)
+def durable_map_killed(ctx):
+    """A checkpoint, then a map whose job blocks until released (its dispatcher is killed meanwhile)."""
+    ctx.step("before", _noted("before", 1))
+    return ctx.map("work", blocks_until_released, ["a", "b"])

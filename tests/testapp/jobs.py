@@ -107,3 +107,29 @@ async def async_square(n: int) -> int:
     """An ``async def`` job: awaits the ORM, records the call and returns n squared."""
     await SideEffect.objects.acreate(label="async_square", key=str(n))
     return n * n
+
+
+# -- durable functions' ctx.map (tests/functions/test_mapping.py) --------------------------------------
+
+
+def odd_fails(n: int) -> int:
+    """Record the call (keyed ``n``); raise for an odd ``n``, else return ``n * 10``."""
+    SideEffect.objects.create(label="odd_fails", key=str(n))
+    if n % 2:
+        raise ValueError(f"{n} is odd")
+    return n * 10
+
+
+def meet_pair(pair: list) -> int:
+    """``meet(*pair)``: a ``ctx.map`` item is one argument, here ``[barrier name, index]``."""
+    return meet(pair[0], pair[1])
+
+
+def blocks_until_released(key: str) -> str:
+    """Record ``map-blocking`` (keyed ``key``), then wait until a ``release`` row exists (a kill victim's job)."""
+    import time
+
+    SideEffect.objects.create(label="map-blocking", key=key)
+    while not SideEffect.objects.filter(label="release").exists():
+        time.sleep(0.05)
+    return key

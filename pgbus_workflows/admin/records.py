@@ -18,7 +18,32 @@ from django.utils.translation import gettext_lazy as _
 from ..models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowSignal, WorkflowStep
 from .display import change_url, pretty_json, status_badge
 from .filters import EventKindFilter, FinishedWithinFilter, StepClassFilter
+from .operations import may_view
 from .paging import ScaledChangeList
+
+#: The events whose reason the engine writes from an error's message, and the details that quote one.
+ERROR_REASON_KINDS = frozenset({"step_failed", "sweep_failed"})
+ERROR_DETAILS = ("error_message", "cause")
+
+#: What stands for an error's text a user may not see.
+WITHHELD = _("Withheld: it may hold a step's error, shown with the permission to view workflow steps.")
+
+
+def event_shown(event: WorkflowEvent, errors: bool) -> tuple[str, dict[str, Any] | None]:
+    """The event's reason and details as a user sees them: without an error's text unless ``errors``.
+
+    A step's error text is the attempts' to show (their view permission guards it): the reason
+    of a failure the engine recorded and the details that quote an error give way to
+    :data:`WITHHELD` for a user who may not view attempts; the error's class stays.
+    """
+    reason, details = event.reason, event.details
+    if errors:
+        return reason, details
+    if reason and event.kind in ERROR_REASON_KINDS:
+        reason = str(WITHHELD)
+    if isinstance(details, dict) and any(details.get(key) for key in ERROR_DETAILS):
+        details = {key: str(WITHHELD) if key in ERROR_DETAILS and value else value for key, value in details.items()}
+    return reason, details
 
 
 class ReadOnlyAdmin(ScaledChangeList):
@@ -110,10 +135,39 @@ class WorkflowEventAdmin(ReadOnlyAdmin):
     readonly_fields = ("details_json",)
     exclude = ("details",)
 
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The list's columns; the reason without an error's text for a user who may not view attempts."""
+        if may_view(self.admin_site, request, WorkflowStep):
+            return self.list_display
+        return tuple("reason_shown" if column == "reason" else column for column in self.list_display)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+        """The page's fields; the reason and details without an error's text for a user who may not view attempts."""
+        fields = super().get_readonly_fields(request, obj)
+        if may_view(self.admin_site, request, WorkflowStep):
+            return fields
+        swap = {"reason": "reason_shown", "details_json": "details_shown"}
+        return [swap.get(field, field) for field in fields]
+
+    def get_exclude(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        """The raw fields left out of the page: the reason too where it shows without an error's text."""
+        exclude = tuple(super().get_exclude(request, obj) or ())
+        return exclude if may_view(self.admin_site, request, WorkflowStep) else (*exclude, "reason")
+
     @admin.display(description=_("details"))
     def details_json(self, event: WorkflowEvent) -> SafeString:
         """The event's details as indented JSON."""
         return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(event.details))
+
+    @admin.display(description=_("reason"))
+    def reason_shown(self, event: WorkflowEvent) -> str:
+        """The event's reason, an error's text withheld (:func:`event_shown`)."""
+        return event_shown(event, errors=False)[0]
+
+    @admin.display(description=_("details"))
+    def details_shown(self, event: WorkflowEvent) -> SafeString:
+        """The event's details as indented JSON, an error's text withheld (:func:`event_shown`)."""
+        return format_html('<pre class="pgbus-json">{}</pre>', pretty_json(event_shown(event, errors=False)[1]))
 
 
 @admin.register(WorkflowSignal)

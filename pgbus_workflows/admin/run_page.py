@@ -31,6 +31,7 @@ from ..sql import clock
 from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
 from .display import change_url, changelist_url, format_duration, pretty_json, status_badge
 from .operations import OPERATIONS, OperatedAdmin, allowed_verbs, may_view
+from .records import event_shown
 from .run_chart import timeline_chart
 
 #: Rows shown per section of the run page.
@@ -60,6 +61,7 @@ def run_page_context(modeladmin: OperatedAdmin, request: HttpRequest, run: Workf
 
     The attempts (their outputs and tracebacks), the events and the signals (their payloads)
     are shown only to users who may view those rows; None tells the template to leave them out.
+    An event's error text (``records.event_shown``) only to users who may view the attempts.
     """
     site = modeladmin.admin_site
     now = clock.now()
@@ -87,7 +89,12 @@ def run_page_context(modeladmin: OperatedAdmin, request: HttpRequest, run: Workf
     if EVENTS in shown:
         pager = page_of(request, EVENTS, counts[EVENTS])
         events = run.events.order_by("-pk")[pager["offset"] : pager["offset"] + PAGE_ROWS]
-        context["events"] = [(e, change_url(site.name, "workflowevent", e.pk), pretty_json(e.details)) for e in events]
+        errors = STEPS in shown
+        context["events"] = [
+            (e, change_url(site.name, "workflowevent", e.pk), reason, pretty_json(details))
+            for e in events
+            for reason, details in [event_shown(e, errors)]
+        ]
         context["events_pager"] = _shown(pager, len(context["events"]))
     if SIGNALS in shown:
         pager = page_of(request, SIGNALS, counts[SIGNALS])

@@ -34,7 +34,7 @@ from .holds import class_hold, hold_view, holds_context
 from .insights import insights_context
 from .operations import OPERATIONS, OperatedAdmin, bulk_operation, may_view, operation_view
 from .paging import workflow_id_range
-from .records import ReadOnlyAdmin
+from .records import WITHHELD, ReadOnlyAdmin
 from .replica import on_read_database
 from .run_page import run_page_context
 
@@ -156,7 +156,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         """In place of the pause reason for a user who may not view attempts: whether there is one."""
         if not run.paused_reason:
             return "-"
-        return _("Withheld: it may hold a step's error, shown with the permission to view workflow steps.")
+        return WITHHELD
 
     @admin.display(description=_("subject"))
     def subject(self, run: WorkflowRun) -> str:

@@ -14,7 +14,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.test import override_settings
 from django.urls import reverse
 
-from pgbus_workflows.models import WorkflowRun
+from pgbus_workflows.models import WorkflowEvent, WorkflowRun
 from tests.admin.test_admin import failed_run, ready_run
 from tests.support import VIEW, messages_of, operation_url, run_page, snapshot, staff_user
 from tests.testapp.permissions import GRANTS
@@ -51,6 +51,31 @@ def test_a_pause_reason_holding_a_steps_error_is_shown_only_with_the_permission_
     html = run_page_html(login(client, django_user_model, "view_workflowrun", "view_workflowstep", name="carol"), wf)
     assert reason in html
     assert "Withheld" not in html
+
+
+def test_an_events_error_text_is_shown_only_with_the_permission_to_view_attempts(client, django_user_model):
+    wf = failed_run()
+    event = WorkflowEvent.objects.get(run_id=wf.record.pk, kind="step_failed")
+    assert event.details["error_message"] == "first attempt fails"  # the step's error, in the reason and details
+    pages = (
+        run_page(wf),
+        reverse("admin:pgbus_workflows_workflowevent_changelist") + f"?run__id__exact={wf.record.pk}",
+        reverse("admin:pgbus_workflows_workflowevent_change", args=[event.pk]),
+    )
+
+    login(client, django_user_model, "view_workflowrun", "view_workflowevent")
+    for page in pages:
+        html = client.get(page).content.decode()
+        assert "first attempt fails" not in html, page
+        assert "Withheld: it may hold a step&#x27;s error" in html, page
+        assert "step_failed" in html, page  # the event itself is shown, its error's class too
+    assert "tests.admin.test_admin.Boom" in client.get(pages[2]).content.decode()
+
+    login(client, django_user_model, "view_workflowrun", "view_workflowevent", "view_workflowstep", name="carol")
+    for page in pages:
+        html = client.get(page).content.decode()
+        assert "first attempt fails" in html, page
+        assert "Withheld" not in html, page
 
 
 def test_the_pause_permission_without_the_view_permission_opens_no_form_and_pauses_nothing(client, django_user_model):

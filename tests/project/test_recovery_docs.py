@@ -3,8 +3,8 @@
 The dead one's last heartbeat is up to one ``HEARTBEAT_INTERVAL`` old at the kill; it is told
 dead once that heartbeat is ``session_grace()`` old and its lock free; a live dispatcher looks
 at each of its heartbeats. So the attempt is stalled between the grace less one interval and
-the grace plus one after the kill: the figure the README, the dispatcher guide and the
-flow-control page give for the default settings.
+the grace plus one after the kill: the figure the README, the dispatcher guide, the
+flow-control page and the comparison give for the default settings.
 """
 
 from datetime import timedelta
@@ -18,7 +18,7 @@ from pgbus_workflows.dispatcher.sweep import lost_sessions, session_grace
 from pgbus_workflows.models import Dispatcher
 from tests.procs import ROOT
 
-PAGES = ("README.md", "docs/dispatcher.md", "docs/flow-control.md")
+PAGES = ("README.md", "docs/dispatcher.md", "docs/flow-control.md", "docs/explanation/comparison.md")
 
 
 def _default_bounds() -> tuple[int, int]:

@@ -54,8 +54,9 @@ def test_the_quick_demo_ends_every_run_as_designed_on_sqlite(first_demo):
     assert re.search(r"^  gallery_album +2 finished$", out, re.M), out  # fan-out
     assert re.search(r"^  gallery_import +1 finished$", out, re.M), out  # child workflows
     assert "Alan Turing's import: finished (2 child albums)" in out
-    # A schedule every 2 seconds for 5 seconds: two or three ticks, each its own run, all finished.
-    reports = re.search(r"^  shop_sales_report +([23]) finished$", out, re.M)
+    # A schedule every 2 seconds for 5 seconds: each tick its own run, all finished. Two or three
+    # ticks on a quiet machine; a loaded one can make the dispatcher's leader fire its first late.
+    reports = re.search(r"^  shop_sales_report +([123]) finished$", out, re.M)
     assert reports, out
     fired = int(reports.group(1))
     assert re.search(rf"the schedule fired {fired} sales report\(s\) \(ticks [0-9:, ]+\); paused it", out), out

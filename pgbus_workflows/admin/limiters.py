@@ -24,7 +24,7 @@ from django.utils.translation import ngettext
 
 from ..dsl.limits import CONCURRENCY, RATE
 from ..models import WorkflowLimiter
-from ..services.limiters import held_back_by, natural_key, state
+from ..services.limiters import LimiterState, held_back_by, natural_key, state
 from ..sql import clock
 from .display import changelist_url, format_duration
 from .filters import HeldBackByFilter
@@ -49,7 +49,11 @@ class NaturalName(Collate):
 
 def room_now(limiter: WorkflowLimiter, now: datetime) -> str:
     """``2 of 3 in use`` (a concurrency key) or ``1 of 5 tokens, next in 12 s`` (a rate limit), at ``now``."""
-    found = state(limiter, now)
+    return room_text(state(limiter, now))
+
+
+def room_text(found: LimiterState) -> str:
+    """A limiter's room as it was read: ``2 of 3 in use``, ``1 of 5 tokens, next in 12.0 s``, ``5 of 5 tokens``."""
     if found.in_use is not None:
         return f"{found.in_use} of {found.limit} in use"
     if found.next_token_in is None:

@@ -17,7 +17,8 @@ from pydantic import Field
 
 from ..dsl.declared import registry
 from ..dsl.limits import CONCURRENCY, RATE, Concurrency, declared_limits
-from ..models import WorkflowEvent, WorkflowLimiter, WorkflowRun, WorkflowSchedule
+from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule
+from ..operating.limits import limits_report
 from ..operating.operators import Operator, show_page
 from ..operating.runs import (
     RunNotFound,
@@ -30,9 +31,7 @@ from ..operating.runs import list_runs as matching_runs
 from ..operating.schedules import ScheduleCommands, schedule_row
 from ..services.health import check_health
 from ..services.insights import DEFAULT_WINDOW, WINDOWS, class_insights
-from ..services.limiters import busiest, fixed_names
 from ..services.stuck import STUCK_REASONS
-from ..sql import clock
 from .acting import viewing
 from .arguments import (
     Classes,
@@ -263,14 +262,4 @@ def limits(
     computed from a run's arguments is redacted like the arguments.
     """
     viewing(operator)
-    if not operator.may_view(WorkflowLimiter):
-        raise ToolError(f"{operator.who} may not view workflow limiters")
-    found = busiest(clock.now(), kind, order)
-    fixed = fixed_names()
-    rows = [{**limiter.as_dict(), "fixed_key": limiter.name in fixed} for limiter in found[:limit]]
-    return {
-        "limiters": rows,
-        "busy": len(found),
-        "more": len(found) > limit,
-        "held_back": sum(limiter.held_back for limiter in found),
-    }
+    return limits_report(operator, kind, order, limit)

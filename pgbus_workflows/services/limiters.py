@@ -127,13 +127,15 @@ def held_back_steps(name: str, now: datetime) -> Q:
     """The attempts limiter ``name`` holds back at ``now`` (a condition): parked on it, or due under it, full.
 
     The parked ones through the parked index; the others (only while the key has no room)
-    through the partial index of due attempts under limits.
+    through the partial index of due attempts under limits: the two read apart and joined
+    (``UNION``), so neither is a filter on a walk of every attempt.
     """
     parked = Q(status=StepStatus.SCHEDULED, parked=True, parked_on=name)
     limiter = WorkflowLimiter.objects.filter(name=name).first()
     if limiter is None or room(limiter, now) >= 1 or not _contains_json(WorkflowStep.objects.db):
         return parked
-    return parked | Q(pk__in=_waiting(now).filter(limiters__contains=[name]).values("pk"))
+    waiting = _waiting(now).filter(limiters__contains=[name]).order_by().values("pk")
+    return Q(pk__in=WorkflowStep.objects.filter(parked).order_by().values("pk").union(waiting))
 
 
 def _contains_json(alias: str) -> bool:

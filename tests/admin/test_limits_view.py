@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from pgbus_workflows.models import WorkflowLimiter, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
+from pgbus_workflows.services.limiters import held_back_by, held_back_steps
+from pgbus_workflows.sql import clock
 from tests.admin.test_admin_permissions import login, run_page_html
 from tests.support import run_page, scheduled
-from tests.testapp.limited_workflows import KeyedSleeper
+from tests.testapp.limited_workflows import KeyedSleeper, RateLimited
 
 pytestmark = pytest.mark.django_db
 
@@ -100,3 +105,37 @@ def test_the_run_page_shows_its_limiters_only_with_the_permission_to_view_limite
 
     login(client, django_user_model, "view_workflowrun", "view_workflowlimiter", name="carol")
     assert 'id="limiters"' in run_page_html(client, runs[1])
+
+
+def test_a_rate_limit_with_no_token_holds_back_its_due_steps(admin_client):
+    runs = [RateLimited.start() for _ in range(2)]
+    empty = {"tokens": 0.0, "refilled_at": clock.now(), "per": timedelta(hours=1)}  # the next token in 12 minutes
+    WorkflowLimiter.objects.filter(name="rate:proc-rate").update(**empty)
+
+    html = admin_client.get(reverse(LIMITERS), {"kind": "rate"}).content.decode()
+    assert re.search(r'<td class="field-room">0 of 5 tokens, next in 1[12] min \d+ s</td>', html), html
+    assert ">2 steps</a>" in html
+
+    listed = admin_client.get(reverse(STEPS), {"held_back_by": "rate:proc-rate"}).content.decode()
+    assert _step_ids(listed) == {scheduled(wf).pk for wf in runs}
+
+
+def test_the_held_back_counts_and_the_filter_read_the_parked_index(admin_client, busy):
+    page = list(WorkflowLimiter.objects.filter(name=BUSY))
+    with CaptureQueriesContext(connection) as captured:
+        assert held_back_by(page, clock.now()) == {BUSY: 4}
+    [counted] = [q["sql"] for q in captured.captured_queries if "parked_on" in q["sql"] and "COUNT" in q["sql"]]
+    assert "pgbus_wf_step_parked" in _plan(counted, None)
+
+    full = WorkflowStep.objects.filter(held_back_steps(BUSY, clock.now())).values("pk")
+    assert "pgbus_wf_step_parked" in _plan(*full.query.sql_with_params())
+    WorkflowLimiter.objects.filter(name=BUSY).update(in_use=0)  # room: the parked steps alone
+    with_room = WorkflowStep.objects.filter(held_back_steps(BUSY, clock.now())).values("pk")
+    assert "pgbus_wf_step_parked" in _plan(*with_room.query.sql_with_params())
+
+
+def _plan(sql: str, params) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())

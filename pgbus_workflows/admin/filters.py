@@ -1,4 +1,5 @@
-"""The admin's list filters: by class, by status, by what a run is stuck on, by when it finished.
+"""The admin's list filters: by class, by status, by what a run is stuck on, by when it finished,
+by the limiter that holds a step back.
 
 None of them reads a table to list its choices (no ``SELECT DISTINCT``): classes come from
 the registry and from the class index, one probe per class; the rest from the code. Each
@@ -18,6 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..dsl.declared import registry
 from ..models import NOTABLE_EVENT_KINDS, WorkflowRun
+from ..services.limiters import held_back_steps
 from ..services.stuck import STUCK_REASONS, stuck_querysets
 from ..sql import clock
 from ..sql.counting import distinct_values
@@ -137,3 +139,26 @@ class EventKindFilter(admin.SimpleListFilter):
         if kind not in NOTABLE_EVENT_KINDS:
             raise IncorrectLookupParameters(f"Not a kind this list filters by: {kind!r}")
         return queryset.filter(kind=kind)
+
+
+class HeldBackByFilter(admin.SimpleListFilter):
+    """The scheduled attempts one limiter holds back (``?held_back_by=concurrency:account:42``).
+
+    The limiters list links each key here. No choice is listed (keys are unbounded): the
+    filter shows the chosen limiter only. Parked attempts are read through the parked index.
+    """
+
+    title = _("held back by")
+    parameter_name = "held_back_by"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        """The chosen limiter alone, when one is chosen (so the filter shows what it narrows to)."""
+        value = self.value()
+        return [(value, value)] if value else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The attempts the chosen limiter holds back now, or every attempt when none is chosen."""
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(held_back_steps(value, clock.now()))

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowSignal, WorkflowStep
 from .display import change_url, pretty_json, status_badge
-from .filters import EventKindFilter, FinishedWithinFilter, StepClassFilter
+from .filters import EventKindFilter, FinishedWithinFilter, HeldBackByFilter, StepClassFilter
 from .operations import may_view
 from .paging import ScaledChangeList
 
@@ -96,7 +96,7 @@ class WorkflowStepAdmin(ReadOnlyAdmin):
         "finished_at",
         "error_class",
     )
-    list_filter = (StepClassFilter, "status", FinishedWithinFilter)
+    list_filter = (StepClassFilter, "status", FinishedWithinFilter, HeldBackByFilter)
     sortable_by = ("id",)
     search_fields = ("run__workflow_id",)
     list_select_related = ("run",)

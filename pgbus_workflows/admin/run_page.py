@@ -1,5 +1,5 @@
-"""A run's admin page below its fields: buttons, the timeline of attempts (drawn and listed),
-the audit events and the signals, each section paged.
+"""A run's admin page below its fields: buttons, the limiters its active step is under, the
+timeline of attempts (drawn and listed), the audit events and the signals, each section paged.
 
 A webhook can deliver thousands of signals and a long run makes hundreds of attempts, so the
 page never loads all of a run's rows: each section shows ``PAGE_ROWS`` rows, newest first
@@ -23,13 +23,14 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from ..models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
+from ..models import FanOutJob, WorkflowEvent, WorkflowLimiter, WorkflowRun, WorkflowSignal, WorkflowStep
 from ..services.children import CHILD_PREFIX
 from ..services.forking import COPIED_FROM
 from ..services.limiting import describe, held_back, undeclared
 from ..sql import clock
 from ..states import ACTIVE_STEP, ONGOING_RUN, JobStatus
 from .display import change_url, changelist_url, format_duration, pretty_json, status_badge
+from .limiters import run_limiters
 from .operations import OPERATIONS, OperatedAdmin, allowed_verbs, may_view
 from .records import event_shown
 from .run_chart import timeline_chart
@@ -79,6 +80,8 @@ def run_page_context(modeladmin: OperatedAdmin, request: HttpRequest, run: Workf
     context["held_back"] = {"step": active.step_name, "text": describe(holds)} if active and holds else None
     if active is not None and (stray := undeclared(active, run.workflow_class)):
         context["undeclared_limits"] = {"step": active.step_name, "names": ", ".join(stray)}
+    if active is not None and active.limiters and may_view(site, request, WorkflowLimiter):
+        context["limiters"] = {"step": active.step_name, "rows": run_limiters(site.name, active.limiters, now)}
     if STEPS in shown:
         pager = page_of(request, STEPS, counts[STEPS])
         page = run.steps.order_by("-pk")[pager["offset"] : pager["offset"] + PAGE_ROWS]

@@ -14,7 +14,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, StringConstraints
 
 from ..admin.forms import MAX_REASON_LENGTH
+from ..dsl.limits import CONCURRENCY, RATE
 from ..services.insights import WINDOWS
+from ..services.limiters import ORDERS
 from ..services.stuck import STUCK_REASONS
 from ..states import RunStatus
 
@@ -111,4 +113,23 @@ WindowName = Annotated[
     str,
     AfterValidator(one_of(list(WINDOWS), "window")),
     Field(json_schema_extra={"enum": list(WINDOWS)}, description=f"How far back: {', '.join(WINDOWS)}."),
+]
+#: One kind of limiter.
+LimiterKind = Annotated[
+    str,
+    AfterValidator(one_of([CONCURRENCY, RATE], "kind")),
+    Field(
+        json_schema_extra={"enum": [CONCURRENCY, RATE]},
+        description="Only concurrency keys (Concurrency) or only rate limits (RateLimit).",
+    ),
+]
+#: What the ``limits`` tool sorts the keys by.
+LimitsOrder = Annotated[
+    str,
+    AfterValidator(one_of(ORDERS, "order")),
+    Field(
+        json_schema_extra={"enum": list(ORDERS)},
+        description="held_back: the keys holding the most steps back first; in_use: the most slots in use "
+        "(a rate limit: tokens spent) first.",
+    ),
 ]

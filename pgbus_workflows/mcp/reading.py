@@ -1,4 +1,4 @@
-"""The read tools: runs, one run's page, stuck runs, a class's insights, schedules. They write nothing.
+"""The read tools: health, runs, one run's page, stuck runs, a class's insights, schedules, limits. They write nothing.
 
 Each body takes the :class:`~pgbus_workflows.operating.operators.Operator` first (the server
 passes it), then the tool's arguments; its docstring is the tool's description. They read
@@ -18,6 +18,7 @@ from pydantic import Field
 from ..dsl.declared import registry
 from ..dsl.limits import CONCURRENCY, RATE, Concurrency, declared_limits
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSchedule
+from ..operating.limits import limits_report
 from ..operating.operators import Operator, show_page
 from ..operating.runs import (
     RunNotFound,
@@ -36,6 +37,8 @@ from .arguments import (
     Classes,
     ClassName,
     Limit,
+    LimiterKind,
+    LimitsOrder,
     Page,
     RunId,
     Statuses,
@@ -243,3 +246,20 @@ def list_schedules(
     rows = list(schedules[: limit * page + 1])
     shown = rows_of_page(rows, limit, page)
     return {"schedules": [schedule_row(s) for s in shown], "page": page, "more": len(rows) > limit * page}
+
+
+def limits(
+    operator: Operator,
+    kind: LimiterKind | None = None,
+    order: LimitsOrder = "held_back",
+    limit: Limit = 20,
+) -> dict[str, Any]:
+    """List the concurrency keys and rate limits in use or holding steps back, busiest first: each
+    key's limit, its slots in use (a concurrency key) or its whole tokens now and the seconds until
+    the next (a rate limit), and how many scheduled steps it holds back. Idle keys are left out.
+
+    "busy" counts every such key, "more" says whether some were left out past "limit"; a key
+    computed from a run's arguments is redacted like the arguments.
+    """
+    viewing(operator)
+    return limits_report(operator, kind, order, limit)

@@ -68,7 +68,8 @@ SERVER_NAME = "pgbus-workflows"
 INSTRUCTIONS = """Durable workflow runs stored in PostgreSQL (pgbus_workflows): read them, and, when the
 write tools are offered, operate them as an operator in the Django admin would. Find runs with
 list_runs or stuck_runs, read one with show_run (its allowed_verbs say what it can take now),
-a class's performance with insights; health answers whether everything is OK. Each write tool
+a class's performance with insights; health answers whether everything is OK, limits which
+concurrency keys and rate limits are busy and what they hold back. Each write tool
 needs a reason: it is recorded on the run's audit trail with who acted. Values shown as
 "[redacted: ...]" are hidden by the server's settings."""
 
@@ -87,9 +88,10 @@ READ_TOOLS: tuple[ToolBody, ...] = (
     reading.stuck_runs,
     reading.insights,
     reading.list_schedules,
+    reading.limits,
 )
 #: The read tools that read ``READ_DATABASE`` (a replica), their answer saying where and how far behind
-#: (``read_database``, when not the primary); ``health`` and ``show_run`` read the primary, as a run page does.
+#: (``read_database``, when not the primary); ``health``, ``show_run`` and ``limits`` read the primary.
 ON_READ_DATABASE = frozenset({reading.list_runs, reading.stuck_runs, reading.insights, reading.list_schedules})
 #: The tools offered with ``MCP_WRITE_TOOLS``, each with its annotations.
 WRITE_TOOLS: dict[ToolBody, ToolAnnotations] = {

@@ -250,6 +250,7 @@ def test_as_a_user_who_may_not_view_runs_every_read_tool_is_refused(django_user_
             ("stuck_runs", {}),
             ("insights", {"workflow_class": "three_steps"}),
             ("list_schedules", {}),
+            ("limits", {}),
         ],
         as_user="nora",
     )
@@ -261,6 +262,7 @@ def test_as_a_user_who_may_not_view_runs_every_read_tool_is_refused(django_user_
         "nora may not view workflow runs",
         "nora may not view workflow runs",
         "nora may not view workflow schedules",
+        "nora may not view workflow runs",
     ]
 
 

@@ -29,7 +29,7 @@ from tests.mcp.session import answered, call_all, listed_tools, text
 from tests.procs import database_url
 from tests.testapp.workflows import ThreeSteps
 
-READ_TOOLS = {"health", "list_runs", "show_run", "stuck_runs", "insights", "list_schedules"}
+READ_TOOLS = {"health", "list_runs", "show_run", "stuck_runs", "insights", "list_schedules", "limits"}
 WRITE_TOOLS = {
     "pause_run",
     "resume_run",

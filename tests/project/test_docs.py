@@ -83,6 +83,7 @@ def test_the_cli_reference_has_every_subcommand_of_the_parser():
         "skip",
         "signal",
         "schedules",
+        "limits",
     ):
         assert f"manage.py workflows {sub}" in titles
     assert "manage.py workflows schedules fire-now" in titles

@@ -6,7 +6,8 @@ reporting done or refused (exit 1 if any was refused). ``health`` gives the verd
 :mod:`pgbus_workflows.services.health` and its reasons (exit 1 when not healthy).
 ``schedules list|pause|resume|fire-now`` does the same for schedules
 (:mod:`pgbus_workflows.operating.schedules`). ``hold``, ``release`` and ``holds``
-for classes and queues (:mod:`pgbus_workflows.operating.holds`). ``--json`` prints one JSON document.
+for classes and queues (:mod:`pgbus_workflows.operating.holds`). ``limits``: the busy concurrency
+keys and rate limits (:mod:`pgbus_workflows.operating.limits`). ``--json`` prints one JSON document.
 Who acts and what they may do: :mod:`pgbus_workflows.operating.operators`.
 """
 
@@ -25,6 +26,7 @@ from ...admin.operations import OPERATIONS
 from ...exceptions import PayloadNotSerializable, PayloadTooLarge
 from ...models.reading import reading
 from ...operating.holds import add_hold_commands, run_hold_command
+from ...operating.limits import add_limits_command, run_limits_command
 from ...operating.operators import Operator, Result, operate, show_page
 from ...operating.runs import (
     RunNotFound,
@@ -154,6 +156,7 @@ class Command(BaseCommand):
             sub.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="workflow ids (or their first 8+ characters)")
         add_schedule_commands(commands, output, acting)
         add_hold_commands(commands, output, acting)
+        add_limits_command(commands, output)
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the subcommand; a database without the migrations is one line, not a traceback."""
@@ -169,6 +172,9 @@ class Command(BaseCommand):
             elif options["subcommand"] in ("hold", "release", "holds"):
                 text, document = run_hold_command(self.operator(options), options)
                 self.stdout.write(to_json(document) if options["json"] else text)
+            elif options["subcommand"] == "limits":
+                text, report = run_limits_command(self.operator(options), options)
+                self.stdout.write(to_json(report) if options["json"] else text)
             else:
                 self.operate(VERBS[options["subcommand"]], options)
         except (OperationalError, InterfaceError) as error:

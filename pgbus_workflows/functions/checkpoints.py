@@ -19,6 +19,10 @@ from ..services.ledger import RunLedger
 from ..services.locks import locked_step
 from ..services.outcome import StepOutcome, apply_outcome, continue_after, error_message
 from ..states import StepOutcomeKind, StepStatus
+from .attempts import Gone
+from .attempts import atomic as atomic  # what ``ctx`` calls through this module besides its own
+from .attempts import gives_up_raising as gives_up_raising
+from .attempts import take as take
 from .names import ENTRY, RAISED, class_name
 
 
@@ -63,24 +67,20 @@ def adopt(step: WorkflowStep, name: str) -> WorkflowStep | None:
     Under the run's lock: the row then is that checkpoint's first attempt, which the engine
     (its exception policy, a resume, the admin) looks up by that name.
     """
-    with locked_step(step.run_id, step.pk) as (ledger, locked):
-        if locked is None or locked.status != StepStatus.IN_PROGRESS:
-            return None
-        locked.step_name, locked.attempt = name, 1
-        locked.save(update_fields=["step_name", "attempt"])
-        ledger.set_run(current_step=name)
-        locked.run = ledger.run
-        return locked
+    return take(step, name, None)
 
 
-def record(step: WorkflowStep, output: Any) -> WorkflowStep | None:
+def record(step: WorkflowStep, output: Any, strict: bool = False) -> WorkflowStep | None:
     """Complete checkpoint ``step`` with ``output``; returns the claimed row that carries the function on.
 
     None when the function must stop here: the attempt is no longer in progress (cancelled, or
-    stalled by the sweep), or the run was paused meanwhile (its next row is then held).
+    stalled by the sweep; ``strict``: :class:`Gone` is raised then), or the run was paused
+    meanwhile (its next row is then held).
     """
     with locked_step(step.run_id, step.pk) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            if strict:
+                raise Gone(step.step_name)
             return None
         ledger.claim_for = Chain(claimed_by=locked.claimed_by)
         apply_outcome(ledger, locked, StepOutcome("success", output=output))

@@ -10,6 +10,7 @@ checkpoint, which renames it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..dsl.definitions import StepDefinition
@@ -37,6 +38,8 @@ class DurableWorkflow(Workflow):
     """The base of the classes ``@durable`` makes: any step name is a checkpoint of the function."""
 
     abstract = True
+    #: ``OnException(action="raise")`` raises into the function (``dsl.validation`` refuses it elsewhere).
+    _raises_into_function: ClassVar[bool] = True
     #: The function: ``fn(ctx, **arguments)``; its return is the run's result.
     function: ClassVar[Callable[..., Any]]
     #: The options each checkpoint name (without its ``#n``) was last called with, for the
@@ -75,9 +78,9 @@ class DurableWorkflow(Workflow):
         if known is None:
             return StepDefinition(name=name, func=drive, on_timeout="run")
         # A wait's timeout wakes the function, which takes None (on_timeout="run"), in any process.
-        return StepDefinition(
-            name=name, func=drive, on_exception=known.on_exception, options=known.options, on_timeout="run"
-        )
+        # Its attempts are routed, limited and timed as the checkpoint says; ``atomic`` is the
+        # function's to apply (the driver commits the body's writes with its output), not the row's.
+        return replace(known, name=name, func=drive, on_timeout="run", atomic=False)
 
     @classmethod
     def remember(cls, definition: StepDefinition) -> None:

@@ -27,12 +27,13 @@ from ..services.outcome import consecutive_error_reattempts
 from ..states import RunStatus, StepStatus
 
 
-def take(step: WorkflowStep, name: str, definition: StepDefinition | None) -> WorkflowStep | None:
+def take(step: WorkflowStep, name: str, definition: StepDefinition | None, attempt: int = 1) -> WorkflowStep | None:
     """The in-progress row ``step`` as checkpoint ``name``'s attempt under ``definition``; None: the function stops.
 
-    A row carrying the function on (another name) is renamed to the checkpoint's first
-    attempt. None when the row is no longer in progress, or when it went back to be claimed
-    under the checkpoint's queue, priority or limits (see the module).
+    A row carrying the function on (another name) is renamed to the checkpoint's ``attempt``
+    (the first, or the next after a rewind's superseded ones). None when the row is no longer
+    in progress, or when it went back to be claimed under the checkpoint's queue, priority or
+    limits (see the module).
     """
     renaming = step.step_name != name
     if not renaming and (definition is None or _fits(step, definition)):
@@ -42,7 +43,7 @@ def take(step: WorkflowStep, name: str, definition: StepDefinition | None) -> Wo
             return None
         fields = []
         if renaming:
-            locked.step_name, locked.attempt = name, 1
+            locked.step_name, locked.attempt = name, attempt
             fields += ["step_name", "attempt"]
             ledger.set_run(current_step=name)
         locked.run = ledger.run

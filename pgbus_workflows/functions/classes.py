@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from ..dsl.definitions import StepDefinition
 from ..dsl.deploy import ANY_STEP
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, StepNotDefined
 from ..workflow import Workflow
 from .context import drive
 from .names import ENTRY
@@ -81,6 +81,23 @@ class DurableWorkflow(Workflow):
         # Its attempts are routed, limited and timed as the checkpoint says; ``atomic`` is the
         # function's to apply (the driver commits the body's writes with its output), not the row's.
         return replace(known, name=name, func=drive, on_timeout="run", atomic=False)
+
+    @classmethod
+    def rewind_to(cls, run: Any, name: str) -> tuple[StepDefinition, list[str]]:
+        """``resume_at(name)`` rewinds to checkpoint ``name``, one the run reached: it and every later one run again.
+
+        Returns its definition and the checkpoints after it, superseded (their rows stay in the
+        history). ``StepNotDefined`` for a name the run did not reach.
+        """
+        from .checkpoints import latest_attempts  # deferred: it imports the models
+
+        reached = list(latest_attempts(run.pk))
+        if name not in reached:
+            raise StepNotDefined(
+                f"Checkpoint {name!r} was not reached by run {run.workflow_id} of {cls.name}. "
+                f"Reached: {', '.join(reached) or 'none'}"
+            )
+        return cls._definition(name), reached[reached.index(name) + 1 :]
 
     @classmethod
     def remember(cls, definition: StepDefinition) -> None:

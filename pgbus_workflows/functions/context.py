@@ -204,7 +204,8 @@ class DurableContext:
                     f"Checkpoint {checkpoint!r} was reached where the run was due at {step.step_name!r}"
                 )
             )
-        adopted: WorkflowStep | None = self._rows.take(step, checkpoint, definition)
+        attempt = getattr(self._replay, "attempts", {}).get(checkpoint, 0) + 1  # on after a rewind's
+        adopted: WorkflowStep | None = self._rows.take(step, checkpoint, definition, attempt)
         if adopted is None:
             raise Stopped()
         self._context.step = adopted

@@ -56,6 +56,15 @@ class RunHandle(DeclaredWorkflow):
         return False
 
     @classmethod
+    def rewind_to(cls, run: WorkflowRun, name: str) -> tuple[StepDefinition, list[str]]:
+        """Where ``resume_at(name)`` resumes ``run``: the step's definition, and the steps it supersedes.
+
+        A step class runs on from any of its steps (``require_step``) and supersedes nothing: its
+        steps are read by name. A durable function rewinds to a checkpoint it reached.
+        """
+        return cls.require_step(name), []
+
+    @classmethod
     def route_attempt(cls, definition: StepDefinition, run: WorkflowRun) -> AttemptRoute:
         """The queue and priority of each new attempt of the step ``definition`` in ``run``.
 

@@ -18,7 +18,7 @@ from ..dsl.deploy import ANY_STEP
 from ..exceptions import ConfigurationError, StepNotDefined
 from ..workflow import Workflow
 from .context import drive
-from .names import ENTRY
+from .names import ENTRY, RAISED
 
 #: The class attributes ``@durable`` passes on to the class it makes.
 CLASS_ATTRIBUTES = (
@@ -40,6 +40,8 @@ class DurableWorkflow(Workflow):
     abstract = True
     #: ``OnException(action="raise")`` raises into the function (``dsl.validation`` refuses it elsewhere).
     _raises_into_function: ClassVar[bool] = True
+    #: A fork copies a checkpoint that raised into the function as recorded (``services.forking``).
+    copied_failure: ClassVar[Any] = RAISED
     #: The function: ``fn(ctx, **arguments)``; its return is the run's result.
     function: ClassVar[Callable[..., Any]]
     #: The options each checkpoint name (without its ``#n``) was last called with, for the
@@ -89,6 +91,24 @@ class DurableWorkflow(Workflow):
         Returns its definition and the checkpoints after it, superseded (their rows stay in the
         history). ``StepNotDefined`` for a name the run did not reach.
         """
+        reached = cls._reached(run, name)
+        return cls._definition(name), reached[reached.index(name) + 1 :]
+
+    @classmethod
+    def fork_point(cls, run: Any, from_step: str | None) -> tuple[StepDefinition, list[str]]:
+        """A fork starts at checkpoint ``from_step``, one the run reached, keeping the checkpoints before it.
+
+        None: at the top (:data:`ENTRY`), keeping nothing. The fork's function replays the kept
+        checkpoints' outputs (and failures raised into it) and runs ``from_step`` and on.
+        """
+        if from_step is None:
+            return cls._definition(ENTRY), []
+        reached = cls._reached(run, from_step)
+        return cls._definition(from_step), reached[: reached.index(from_step)]
+
+    @classmethod
+    def _reached(cls, run: Any, name: str) -> list[str]:
+        """The checkpoints ``run`` reached, in order (superseded ones left out); ``StepNotDefined`` without ``name``."""
         from .checkpoints import latest_attempts  # deferred: it imports the models
 
         reached = list(latest_attempts(run.pk))
@@ -97,7 +117,7 @@ class DurableWorkflow(Workflow):
                 f"Checkpoint {name!r} was not reached by run {run.workflow_id} of {cls.name}. "
                 f"Reached: {', '.join(reached) or 'none'}"
             )
-        return cls._definition(name), reached[reached.index(name) + 1 :]
+        return reached
 
     @classmethod
     def remember(cls, definition: StepDefinition) -> None:

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from pgbus_workflows import Concurrency, OnException, durable
+from pgbus_workflows import Concurrency, OnException, RateLimit, durable
 from pgbus_workflows.conf import settings
 from pgbus_workflows.models import WorkflowStep
 from pgbus_workflows.services.executor import run_due_steps
@@ -20,6 +20,8 @@ pytestmark = pytest.mark.django_db
 
 #: What bodies of this file noted about the rows while they ran.
 SEEN: dict[str, object] = {}
+#: Bodies (``writer``) that fail once while their label is here.
+FAILING: set[str] = set()
 
 
 class FlakyError(Exception):
@@ -39,8 +41,10 @@ def effect(label):
 @pytest.fixture(autouse=True)
 def _nothing_seen():
     SEEN.clear()
+    FAILING.clear()
     yield
     SEEN.clear()
+    FAILING.clear()
 
 
 @durable(name="durable_routed", allow_multiple=True)
@@ -130,9 +134,6 @@ def test_a_checkpoints_timeout_bounds_its_attempt(helpers):
     assert row.stall_at <= SEEN["now"] + timedelta(seconds=30)  # the sweep stalls it past then
 
 
-FAILING: set[str] = set()
-
-
 def writer(label):
     """A checkpoint body that writes ``label``, then raises while ``label`` is in FAILING (once)."""
 
@@ -167,3 +168,34 @@ def test_an_atomic_checkpoints_writes_commit_with_its_output_or_not_at_all(helpe
     assert labels() == ["loose", "loose", "exact"]
     exact = [s.outcome for s in steps_of(run) if s.step_name == "exact"]
     assert exact == [StepOutcomeKind.REATTEMPTED, StepOutcomeKind.SUCCESS]
+
+
+@durable(name="durable_rated", allow_multiple=True)
+def rated(ctx):
+    return ctx.step("call", effect("call"), rate_limit=RateLimit(key="api", limit=1, per=timedelta(hours=1)))
+
+
+def test_a_checkpoints_rate_limit_is_claimed_under_its_key():
+    first, second = rated.start(None), rated.start(None)
+    run_due_steps()
+    assert first.reload().status == RunStatus.FINISHED
+    assert second.reload().status == RunStatus.READY  # rerouted under the key, and no token left this hour
+    waiting = WorkflowStep.objects.get(run_id=second.record.pk, step_name="call")
+    assert (waiting.status, waiting.limiters) == (StepStatus.SCHEDULED, ["rate:api"])
+    assert labels() == ["call"]
+
+
+@durable(name="durable_reattempting", allow_multiple=True)
+def reattempting(ctx):
+    return ctx.step("call", writer("call"), on_exception="reattempt", max_reattempts=1)
+
+
+def test_reattempt_with_max_reattempts_runs_the_checkpoint_again_then_pauses(helpers):
+    FAILING.add("call")
+    run = reattempting.start(None)
+    helpers.perform_next_step(run)
+    FAILING.add("call")  # the body fails once per add
+    helpers.speedrun_workflow(run)
+    assert run.reload().status == RunStatus.PAUSED
+    call = [s.outcome for s in steps_of(run) if s.step_name == "call"]
+    assert call == [StepOutcomeKind.REATTEMPTED, StepOutcomeKind.FAILED]

@@ -107,11 +107,16 @@ class DurableWorkflow(Workflow):
         return cls._definition(from_step), reached[: reached.index(from_step)]
 
     @classmethod
-    def _reached(cls, run: Any, name: str) -> list[str]:
-        """The checkpoints ``run`` reached, in order (superseded ones left out); ``StepNotDefined`` without ``name``."""
+    def step_names_of(cls, run: Any) -> list[str]:
+        """The checkpoints ``run`` reached, in order (superseded ones left out): what resume at and fork offer."""
         from .checkpoints import latest_attempts  # deferred: it imports the models
 
-        reached = list(latest_attempts(run.pk))
+        return list(latest_attempts(run.pk))
+
+    @classmethod
+    def _reached(cls, run: Any, name: str) -> list[str]:
+        """The checkpoints ``run`` reached, in order (superseded ones left out); ``StepNotDefined`` without ``name``."""
+        reached = cls.step_names_of(run)
         if name not in reached:
             raise StepNotDefined(
                 f"Checkpoint {name!r} was not reached by run {run.workflow_id} of {cls.name}. "

@@ -55,6 +55,14 @@ class RunHandle(DeclaredWorkflow):
         """Override to cancel the run before any step when it returns True."""
         return False
 
+    @classmethod
+    def step_names_of(cls, run: WorkflowRun) -> list[str]:
+        """The steps an operator picks from for ``run`` (resume at, fork from): the class's, in order.
+
+        A durable function's are the checkpoints the run reached.
+        """
+        return [s.name for s in cls.step_definitions()]
+
     #: The output of a failed attempt that a fork copies as recorded (a durable function's raised
     #: checkpoint, ``functions``); None: a fork copies successful attempts only.
     copied_failure: ClassVar[Any] = None

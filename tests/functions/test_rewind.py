@@ -8,7 +8,7 @@ import pytest
 from pgbus_workflows import StepNotDefined, durable
 from pgbus_workflows.services import operator
 from pgbus_workflows.states import RunStatus, StepOutcomeKind, StepStatus
-from tests.support import events_of, labels, record, steps_of
+from tests.support import VIEW, events_of, labels, operation_url, record, staff_user, steps_of
 
 pytestmark = pytest.mark.django_db
 
@@ -96,3 +96,21 @@ def test_resume_at_a_checkpoint_the_run_did_not_reach_is_refused(helpers):
         operator.resume_at(run.record.pk, "c")
     assert run.reload().status == RunStatus.PAUSED
     assert [s.status for s in steps_of(run)][-1] == StepStatus.FAILED
+
+
+def test_the_admin_offers_the_checkpoints_the_run_reached_to_resume_at_and_fork_from(
+    helpers, client, django_user_model
+):
+    client.force_login(staff_user(django_user_model, "rita", *VIEW, "skip_workflowrun", "rerun_workflowrun"))
+    FAILING.add("b")
+    run = rewound.start(None)
+    helpers.speedrun_workflow(run)
+    for verb in ("resume_at", "fork"):
+        form = client.get(operation_url(run, verb)).content.decode()
+        assert '<option value="a"' in form and '<option value="b"' in form
+        assert '<option value="c"' not in form and "@function" not in form
+    FAILING.clear()
+    client.post(operation_url(run, "resume_at"), {"step": "a", "reason": "rewind"})
+    assert run.reload().status == RunStatus.READY
+    helpers.speedrun_workflow(run)
+    assert labels() == ["a", "b", "a", "b", "c"]

@@ -199,3 +199,18 @@ def test_reattempt_with_max_reattempts_runs_the_checkpoint_again_then_pauses(hel
     assert run.reload().status == RunStatus.PAUSED
     call = [s.outcome for s in steps_of(run) if s.step_name == "call"]
     assert call == [StepOutcomeKind.REATTEMPTED, StepOutcomeKind.FAILED]
+
+
+@durable(name="durable_routed_retry", allow_multiple=True)
+def routed_retry(ctx):
+    return ctx.step("there", writer("there"), queue="slow", priority=3, on_exception=REATTEMPT)
+
+
+def test_a_rerouted_checkpoints_reattempt_keeps_its_queue_and_priority():
+    FAILING.add("there")
+    run = routed_retry.start(None)
+    run_due_steps()
+    assert run.reload().status == RunStatus.FINISHED
+    there = [(s.attempt, s.queue, s.priority) for s in steps_of(run) if s.step_name == "there"]
+    assert there == [(1, "slow", 3), (2, "slow", 3)]
+    assert len(events_of(run, "step_rerouted")) == 1  # the reattempt was scheduled there: no second reroute

@@ -7,7 +7,9 @@ effects are asserted.
 import pytest
 
 from pgbus_workflows import StepFailed, StepNotDefined, durable
+from pgbus_workflows.models import WorkflowRun
 from pgbus_workflows.states import RunStatus, StepOutcomeKind
+from tests.management.test_cli import cli, wid
 from tests.support import events_of, labels, record, steps_of
 
 pytestmark = pytest.mark.django_db
@@ -100,3 +102,13 @@ def test_a_fork_at_a_checkpoint_the_run_did_not_reach_is_refused(helpers):
     helpers.speedrun_workflow(original)
     with pytest.raises(StepNotDefined, match="'page#2' was not reached"):
         original.fork(from_step="page#2")
+
+
+def test_the_cli_forks_a_durable_run_at_a_checkpoint(helpers):
+    original = forked.start(None, n=2)
+    helpers.speedrun_workflow(original)
+    cli("fork", wid(original), "--from-step", "charge", "--reason", "charge fixed")
+    fork = forked.find(WorkflowRun.objects.get(forked_from=original.workflow_id).workflow_id)
+    helpers.speedrun_workflow(fork)
+    assert fork.reload().status == RunStatus.FINISHED
+    assert labels() == ["page 0", "page 1", "charge", "report", "charge", "report"]

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from ..dsl.declared import registry
 from ..exceptions import PayloadNotSerializable, PayloadTooLarge
 from ..models import WorkflowRun, WorkflowStep
+from ..services.handle import RunHandle
 from ..services.payload import encode_payload
 from ..services.signals import waits_for
 from ..states import ACTIVE_STEP
@@ -46,11 +47,10 @@ class ResumeAtForm(ReasonForm):
 
     def __init__(self, *args: Any, run: WorkflowRun | None = None, **kwargs: Any) -> None:
         super().__init__(*args, run=run, **kwargs)
-        klass = registry.get(run.workflow_class) if run is not None else None
-        steps = klass.step_definitions() if klass is not None else ()
+        names = _step_names(run)
         step_field = cast(forms.ChoiceField, self.fields["step"])
-        step_field.choices = [(s.name, s.name) for s in steps]
-        if run is not None and run.current_step in {s.name for s in steps}:
+        step_field.choices = [(name, name) for name in names]
+        if run is not None and run.current_step in names:
             step_field.initial = run.current_step
 
 
@@ -72,9 +72,17 @@ class ForkForm(ReasonForm):
                 help_text=_("Each selected run is forked at its step of this name; a run without one is left alone."),
             )
             return
-        klass = registry.get(run.workflow_class)
-        steps = klass.step_definitions() if klass is not None else ()
-        cast(forms.ChoiceField, self.fields["from_step"]).choices = [(s.name, s.name) for s in steps]
+        cast(forms.ChoiceField, self.fields["from_step"]).choices = [(name, name) for name in _step_names(run)]
+
+
+def _step_names(run: WorkflowRun | None) -> list[str]:
+    """The steps of ``run``'s class an operator picks from (a durable function's: the checkpoints it reached)."""
+    klass = registry.get(run.workflow_class) if run is not None else None
+    if run is None or klass is None:
+        return []
+    if issubclass(klass, RunHandle):
+        return klass.step_names_of(run)
+    return [s.name for s in klass.step_definitions()]
 
 
 class SignalForm(ReasonForm):

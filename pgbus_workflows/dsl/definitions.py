@@ -18,6 +18,8 @@ from ..exceptions import ConfigurationError
 
 EXCEPTION_ACTIONS = ("pause", "cancel", "reattempt", "skip")
 TERMINAL_ACTIONS = ("pause", "cancel")
+#: The action only a durable function's checkpoint takes: its failure is raised into the function.
+RAISE = "raise"
 TIMEOUT_ACTIONS = ("pause", "cancel", "skip", "run")
 JOB_FAILURE_ACTIONS = ("fail", "continue")
 #: ``max_reattempts`` when a step says ``on_exception="reattempt"`` without one (as pgbus).
@@ -85,8 +87,11 @@ class OnException:
                 continue
             if not (isinstance(exc, type) and issubclass(exc, BaseException)):
                 raise ConfigurationError(f"OnException takes exception classes or dotted names, got {exc!r}")
-        if action not in EXCEPTION_ACTIONS:
-            raise ConfigurationError(f"Unknown exception action {action!r}: use one of {', '.join(EXCEPTION_ACTIONS)}")
+        if action not in (*EXCEPTION_ACTIONS, RAISE):
+            raise ConfigurationError(
+                f"Unknown exception action {action!r}: use one of {', '.join(EXCEPTION_ACTIONS)} "
+                "(or 'raise' in a durable function)"
+            )
         if wait is not None and action != "reattempt":
             raise ConfigurationError(f"wait= only goes with action='reattempt', not {action!r}")
         if max_reattempts is not None:
@@ -94,8 +99,11 @@ class OnException:
                 raise ConfigurationError(f"max_reattempts= only goes with action='reattempt', not {action!r}")
             if isinstance(max_reattempts, bool) or not isinstance(max_reattempts, int) or max_reattempts < 1:
                 raise ConfigurationError(f"max_reattempts must be a positive integer, got {max_reattempts!r}")
-        if terminal_action not in TERMINAL_ACTIONS:
-            raise ConfigurationError(f"terminal_action must be 'pause' or 'cancel', got {terminal_action!r}")
+        if terminal_action not in (*TERMINAL_ACTIONS, RAISE):
+            raise ConfigurationError(
+                "terminal_action must be 'pause' or 'cancel' (or 'raise' in a durable function), "
+                f"got {terminal_action!r}"
+            )
         if terminal_action != "pause" and action != "reattempt":
             raise ConfigurationError("terminal_action= only goes with action='reattempt'")
         self.exceptions = exceptions
@@ -103,6 +111,11 @@ class OnException:
         self.wait = check_wait(wait, "OnException wait")
         self.max_reattempts = max_reattempts
         self.terminal_action = terminal_action
+
+    @property
+    def raises(self) -> bool:
+        """True when the policy ends in ``raise``: only a durable function's checkpoint takes it."""
+        return RAISE in (self.action, self.terminal_action)
 
     @property
     def is_blanket(self) -> bool:

@@ -44,6 +44,22 @@ def validate_class(cls: type) -> None:
     _validate_limits(cls)
     _validate_names(cls)
     _validate_conditions(cls)
+    _validate_raise(cls)
+
+
+def _validate_raise(cls: type) -> None:
+    """``action="raise"`` is a durable function's (it raises into the function); a step class has none to raise into."""
+    if getattr(cls, "_raises_into_function", False):
+        return
+    steps: tuple[StepDefinition, ...] = cls._step_definitions  # type: ignore[attr-defined]
+    named = [("exception_policies", p) for p in cls.__dict__.get("exception_policies", [])]
+    named += [(f"{s.name} on_exception", s.on_exception) for s in steps if s.on_exception is not None]
+    for where, policy in named:
+        if policy.raises:
+            raise ConfigurationError(
+                f"{cls.__qualname__}.{where}: 'raise' raises into a durable function (@durable); a step has no "
+                "code to raise into (use pause, cancel, reattempt or skip)"
+            )
 
 
 def _validate_debounce(cls: type) -> None:

@@ -19,6 +19,10 @@ from ..services.ledger import RunLedger
 from ..services.locks import locked_step
 from ..services.outcome import StepOutcome, apply_outcome, continue_after, error_message
 from ..states import StepOutcomeKind, StepStatus
+from .attempts import Gone
+from .attempts import atomic as atomic  # what ``ctx`` calls through this module besides its own
+from .attempts import gives_up_raising as gives_up_raising
+from .attempts import take as take
 from .names import ENTRY, RAISED, class_name
 
 
@@ -32,29 +36,59 @@ class Recorded:
     failure: tuple[str, str] | None = None
 
 
-def recorded(run_pk: int) -> list[Recorded]:
+class Replay(list[Recorded]):
+    """The run's recorded checkpoints (:func:`recorded`), and the last attempt number of each name it has rows of.
+
+    A checkpoint reached again after a rewind (``resume_at``, superseded) numbers its attempts on.
+    """
+
+    def __init__(self, done: list[Recorded], attempts: dict[str, int]) -> None:
+        super().__init__(done)
+        #: The highest attempt of every checkpoint name in the run's rows, superseded ones included.
+        self.attempts = attempts
+
+
+def recorded(run_pk: int) -> Replay:
     """The run's checkpoints in the order the function first reached them, up to the first not done.
 
     One query. A checkpoint is done when its latest attempt succeeded, or failed with
-    ``on_exception="raise"``; a later attempt of a name (a resume) replaces an earlier one.
+    ``on_exception="raise"``; a later attempt of a name (a resume) replaces an earlier one,
+    and supersedes every checkpoint reached after it (``resume_at`` rewinds there).
     """
-    latest: dict[str, tuple[str, str, Any, str, str]] = {}
-    for name, status, outcome, output, error_class, message in (
-        WorkflowStep.objects.filter(run_id=run_pk)
-        .exclude(step_name=ENTRY)
-        .order_by("id")
-        .values_list("step_name", "status", "outcome", "output", "error_class", "error_message")
-    ):
-        latest[name] = (status, outcome, output, error_class, message)  # dicts keep the first insertion's order
+    attempts: dict[str, int] = {}
     done = []
-    for name, (status, outcome, output, error_class, message) in latest.items():
+    for name, (status, outcome, output, error_class, message) in latest_attempts(run_pk, attempts).items():
         if status == StepStatus.COMPLETED and outcome == StepOutcomeKind.SUCCESS:
             done.append(Recorded(name, output))
         elif status == StepStatus.FAILED and output == RAISED:
             done.append(Recorded(name, failure=(error_class, message)))
         else:
             break
-    return done
+    return Replay(done, attempts)
+
+
+def latest_attempts(run_pk: int, attempts: dict[str, int] | None = None) -> dict[str, tuple[str, str, Any, str, str]]:
+    """Each checkpoint's latest attempt (status, outcome, output, error), in the order the function reached them.
+
+    A checkpoint attempted again after later ones were reached (a rewind) drops those: they
+    are superseded, their rows kept as history. A reattempt is always the latest checkpoint,
+    so it drops nothing. ``attempts`` gets the highest attempt number of every name.
+    """
+    latest: dict[str, tuple[str, str, Any, str, str]] = {}
+    for name, attempt, status, outcome, output, error_class, message in (
+        WorkflowStep.objects.filter(run_id=run_pk)
+        .exclude(step_name=ENTRY)
+        .order_by("id")
+        .values_list("step_name", "attempt", "status", "outcome", "output", "error_class", "error_message")
+    ):
+        if name in latest and next(reversed(latest)) != name:
+            names = list(latest)
+            for later in names[names.index(name) + 1 :]:
+                del latest[later]
+        latest[name] = (status, outcome, output, error_class, message)  # dicts keep the first insertion's order
+        if attempts is not None:
+            attempts[name] = max(attempt, attempts.get(name, 0))
+    return latest
 
 
 def adopt(step: WorkflowStep, name: str) -> WorkflowStep | None:
@@ -63,24 +97,20 @@ def adopt(step: WorkflowStep, name: str) -> WorkflowStep | None:
     Under the run's lock: the row then is that checkpoint's first attempt, which the engine
     (its exception policy, a resume, the admin) looks up by that name.
     """
-    with locked_step(step.run_id, step.pk) as (ledger, locked):
-        if locked is None or locked.status != StepStatus.IN_PROGRESS:
-            return None
-        locked.step_name, locked.attempt = name, 1
-        locked.save(update_fields=["step_name", "attempt"])
-        ledger.set_run(current_step=name)
-        locked.run = ledger.run
-        return locked
+    return take(step, name, None)
 
 
-def record(step: WorkflowStep, output: Any) -> WorkflowStep | None:
+def record(step: WorkflowStep, output: Any, strict: bool = False) -> WorkflowStep | None:
     """Complete checkpoint ``step`` with ``output``; returns the claimed row that carries the function on.
 
     None when the function must stop here: the attempt is no longer in progress (cancelled, or
-    stalled by the sweep), or the run was paused meanwhile (its next row is then held).
+    stalled by the sweep; ``strict``: :class:`Gone` is raised then), or the run was paused
+    meanwhile (its next row is then held).
     """
     with locked_step(step.run_id, step.pk) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
+            if strict:
+                raise Gone(step.step_name)
             return None
         ledger.claim_for = Chain(claimed_by=locked.claimed_by)
         apply_outcome(ledger, locked, StepOutcome("success", output=output))

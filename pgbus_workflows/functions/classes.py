@@ -10,14 +10,15 @@ checkpoint, which renames it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..dsl.definitions import StepDefinition
 from ..dsl.deploy import ANY_STEP
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, StepNotDefined
 from ..workflow import Workflow
 from .context import drive
-from .names import ENTRY
+from .names import ENTRY, RAISED
 
 #: The class attributes ``@durable`` passes on to the class it makes.
 CLASS_ATTRIBUTES = (
@@ -37,6 +38,10 @@ class DurableWorkflow(Workflow):
     """The base of the classes ``@durable`` makes: any step name is a checkpoint of the function."""
 
     abstract = True
+    #: ``OnException(action="raise")`` raises into the function (``dsl.validation`` refuses it elsewhere).
+    _raises_into_function: ClassVar[bool] = True
+    #: A fork copies a checkpoint that raised into the function as recorded (``services.forking``).
+    copied_failure: ClassVar[Any] = RAISED
     #: The function: ``fn(ctx, **arguments)``; its return is the run's result.
     function: ClassVar[Callable[..., Any]]
     #: The options each checkpoint name (without its ``#n``) was last called with, for the
@@ -76,15 +81,49 @@ class DurableWorkflow(Workflow):
         # end of a fan-out's last member (on_job_failure="run"): in any process, the function decides.
         if known is None:
             return StepDefinition(name=name, func=drive, on_timeout="run", on_job_failure="run")
-        return StepDefinition(
-            name=name,
-            func=drive,
-            on_exception=known.on_exception,
-            options=known.options,
-            on_timeout="run",
-            max_attempts=known.max_attempts,
-            on_job_failure="run",
-        )
+        # Its attempts are routed, limited and timed as the checkpoint says; ``atomic`` is the
+        # function's to apply (the driver commits the body's writes with its output), not the row's.
+        return replace(known, name=name, func=drive, on_timeout="run", on_job_failure="run", atomic=False)
+
+    @classmethod
+    def rewind_to(cls, run: Any, name: str) -> tuple[StepDefinition, list[str]]:
+        """``resume_at(name)`` rewinds to checkpoint ``name``, one the run reached: it and every later one run again.
+
+        Returns its definition and the checkpoints after it, superseded (their rows stay in the
+        history). ``StepNotDefined`` for a name the run did not reach.
+        """
+        reached = cls._reached(run, name)
+        return cls._definition(name), reached[reached.index(name) + 1 :]
+
+    @classmethod
+    def fork_point(cls, run: Any, from_step: str | None) -> tuple[StepDefinition, list[str]]:
+        """A fork starts at checkpoint ``from_step``, one the run reached, keeping the checkpoints before it.
+
+        None: at the top (:data:`ENTRY`), keeping nothing. The fork's function replays the kept
+        checkpoints' outputs (and failures raised into it) and runs ``from_step`` and on.
+        """
+        if from_step is None:
+            return cls._definition(ENTRY), []
+        reached = cls._reached(run, from_step)
+        return cls._definition(from_step), reached[: reached.index(from_step)]
+
+    @classmethod
+    def step_names_of(cls, run: Any) -> list[str]:
+        """The checkpoints ``run`` reached, in order (superseded ones left out): what resume at and fork offer."""
+        from .checkpoints import latest_attempts  # deferred: it imports the models
+
+        return list(latest_attempts(run.pk))
+
+    @classmethod
+    def _reached(cls, run: Any, name: str) -> list[str]:
+        """The checkpoints ``run`` reached, in order (superseded ones left out); ``StepNotDefined`` without ``name``."""
+        reached = cls.step_names_of(run)
+        if name not in reached:
+            raise StepNotDefined(
+                f"Checkpoint {name!r} was not reached by run {run.workflow_id} of {cls.name}. "
+                f"Reached: {', '.join(reached) or 'none'}"
+            )
+        return reached
 
     @classmethod
     def remember(cls, definition: StepDefinition) -> None:

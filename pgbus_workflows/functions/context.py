@@ -12,21 +12,20 @@ from __future__ import annotations
 import traceback as tb
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..dsl.definitions import OnException, StepDefinition, coerce_duration
+from ..dsl.definitions import StepDefinition, coerce_duration
 from ..exceptions import ConfigurationError, NonDeterministicRun, StepFailed
 from ..services.context import FlowControl, StepContext
 from ..services.payload import encode_payload, storable_text
 from .names import ENTRY, class_name
+from .options import checkpoint_definition
 
 if TYPE_CHECKING:
     from ..models import WorkflowStep
     from .checkpoints import Recorded
-
-#: What ``ctx.step`` takes beside the name and the body (the others of a step come later).
-STEP_OPTIONS = ("on_exception",)
 
 
 class Stopped(BaseException):
@@ -80,12 +79,13 @@ class DurableContext:
     def step(self, name: str, fn: Callable[[], Any], **options: Any) -> Any:
         """Run checkpoint ``name`` once: ``fn()``'s JSON return, recorded, then replayed on later runs.
 
-        The n-th call of one name is the checkpoint ``name#n``. ``on_exception`` is an
-        ``OnException`` (or a list of them) as for a step, or ``"raise"``: the failure is recorded
-        and :class:`StepFailed` raised into the function, then and on every replay.
+        The n-th call of one name is the checkpoint ``name#n``. ``options`` are a step's
+        (``functions.options``): ``on_exception`` an ``OnException`` or an action, ``"raise"``
+        recording the failure once the policy gives up and raising :class:`StepFailed` into the
+        function, then and on every replay; ``atomic=True`` commits ``fn``'s writes with its output.
         """
         checkpoint = self._number(name)
-        definition = _definition(name, options)
+        definition = checkpoint_definition(name, options)
         position = self._position
         if self._replayed(checkpoint):
             done = self._replay[position]
@@ -93,16 +93,28 @@ class DurableContext:
                 raise StepFailed(done.name, *done.failure)
             return done.output
         type(self._workflow).remember(definition)
-        step = self._take(checkpoint)
+        step = self._take(checkpoint, definition)
         self._current = checkpoint
-        try:
+
+        def body() -> Any:
             value = fn()
-            output = None if value is None else encode_payload(value, f"{checkpoint} output")
+            return None if value is None else encode_payload(value, f"{checkpoint} output")
+
+        try:
+            if definition.atomic:  # fn's writes commit with its recorded output, or not at all
+                following, output = self._rows.atomic(step, body, partial(self._rows.record, strict=True))
+            else:
+                output = body()
         except Exception as error:
             return self._failed(step, checkpoint, definition, error)
         finally:
             self._current = None
-        self._record(step, output)
+        if not definition.atomic:
+            self._record(step, output)
+        elif following is None:
+            raise Stopped()
+        else:
+            self._context.step = following
         return output
 
     def sleep(self, name: str, duration: timedelta | float) -> None:
@@ -198,26 +210,35 @@ class DurableContext:
         count = self._counts[name] = self._counts.get(name, 0) + 1
         return name if count == 1 else f"{name}#{count}"
 
-    def _take(self, checkpoint: str) -> WorkflowStep:
-        """The in-progress row for ``checkpoint``: the row carrying the function on, renamed, or its retry."""
+    def _take(self, checkpoint: str, definition: StepDefinition | None = None) -> WorkflowStep:
+        """The in-progress row for ``checkpoint``: the row carrying the function on, renamed, or its retry.
+
+        Under ``definition``'s queue, priority, limits and timeout (``functions.attempts.take``).
+        """
         step = self._context.step
         if step.step_name == checkpoint:
-            return step
+            if definition is None:
+                return step
+            fitted: WorkflowStep | None = self._rows.take(step, checkpoint, definition)
+            if fitted is None:
+                raise Stopped()
+            self._context.step = fitted
+            return fitted
         if step.step_name != ENTRY:
             raise Stopped(
                 NonDeterministicRun(
                     f"Checkpoint {checkpoint!r} was reached where the run was due at {step.step_name!r}"
                 )
             )
-        adopted: WorkflowStep | None = self._rows.adopt(step, checkpoint)
+        attempt = getattr(self._replay, "attempts", {}).get(checkpoint, 0) + 1  # on after a rewind's
+        adopted: WorkflowStep | None = self._rows.take(step, checkpoint, definition, attempt)
         if adopted is None:
             raise Stopped()
         self._context.step = adopted
         return adopted
 
     def _failed(self, step: WorkflowStep, checkpoint: str, definition: StepDefinition, error: Exception) -> Any:
-        raising = definition.options.get("raise", False)
-        if raising:
+        if self._rows.gives_up_raising(type(self._workflow), definition, error, step):
             text = storable_text("".join(tb.format_exception(type(error), error, error.__traceback__)))
             following = self._rows.record_raised(step, error, text)
             if following is None:
@@ -226,21 +247,6 @@ class DurableContext:
             failed = StepFailed(checkpoint, class_name(error), str(error))
             raise failed from error
         raise Stopped(error)
-
-
-def _definition(name: str, options: dict[str, Any]) -> StepDefinition:
-    unknown = set(options) - set(STEP_OPTIONS)
-    if unknown:
-        raise ConfigurationError(
-            f"ctx.step takes {', '.join(STEP_OPTIONS)} (the other step options are not there yet), "
-            f"not {', '.join(sorted(unknown))}"
-        )
-    policy = options.get("on_exception")
-    if policy == "raise":
-        return StepDefinition(name=name, func=None, options={"raise": True})
-    if policy is None or isinstance(policy, OnException):
-        return StepDefinition(name=name, func=None, on_exception=policy)
-    raise ConfigurationError(f'ctx.step(on_exception=) takes an OnException or "raise", got {policy!r}')
 
 
 def drive(workflow: Any) -> Any:

@@ -173,7 +173,7 @@ def _job_path(name: str, fn: Any) -> str:
 
 
 def _definition(name: str, options: dict[str, Any], allowed: tuple[str, ...], call: str) -> StepDefinition:
-    """The checkpoint's options as a definition (``on_exception="raise"`` kept in its ``options``)."""
+    """The checkpoint's options as a definition (``on_exception="raise"``: the policy of action ``raise``)."""
     unknown = set(options) - set(allowed)
     if unknown:
         raise ConfigurationError(f"{call} takes {', '.join(allowed)}, not {', '.join(sorted(unknown))}")
@@ -186,7 +186,7 @@ def _definition(name: str, options: dict[str, Any], allowed: tuple[str, ...], ca
     policy = options.get("on_exception")
     fields: dict[str, Any] = {"max_attempts": max_attempts, "on_job_failure": on_job_failure}
     if policy == "raise":
-        return StepDefinition(name=name, func=None, options={"raise": True}, **fields)
+        return StepDefinition(name=name, func=None, on_exception=OnException(action="raise"), **fields)
     if policy is None or isinstance(policy, OnException):
         return StepDefinition(name=name, func=None, on_exception=policy, **fields)
     raise ConfigurationError(f'{call}(on_exception=) takes an OnException or "raise", got {policy!r}')

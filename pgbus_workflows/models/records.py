@@ -29,6 +29,8 @@ EVENT_KINDS: dict[str, str] = {
     "step_waiting": "The step waits for a signal (``wait_for``), until one arrives or its ``wait_timeout`` passes.",
     "step_woken": "A waiting step was woken: its signal arrived, or an operator's run now cut the wait short.",
     "step_resolved": "A waiting step ended without its body running: its fan-out ended, it timed out or was skipped.",
+    "step_rerouted": "A durable function reached a checkpoint whose queue, priority or limits are not its row's: "
+    "the attempt went back to be claimed under the checkpoint's own.",
     "step_timed_out": "A ``wait_for`` step passed its ``wait_timeout`` with ``on_timeout='run'``: its body runs now.",
     "wait_timed_out": "A ``wait_for`` step passed its ``wait_timeout``; details name the ``on_timeout`` action taken.",
     "fan_out_started": "The step's fan-out recorded its jobs or child runs and the run waits for them.",

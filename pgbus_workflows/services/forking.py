@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from ..dsl.declared import registry
 from ..dsl.definitions import StepDefinition
@@ -51,16 +52,13 @@ def fork(pk: int, from_step: str | None = None, *, actor: str | None = None, rea
                 "(not deployed in this code)"
             )
         cls = ledger.cls  # registered: the class itself, not the bare Workflow a gone class loads as
-        steps = cls.step_definitions()
-        if not steps:
-            raise InvalidTransition(f"Cannot fork {original.workflow_id}: {cls.name} has no steps")
-        start = cls.require_step(from_step) if from_step is not None else steps[0]
+        start, earlier = cls.fork_point(original, from_step)
         subject = load_subject(original.subject_type, original.subject_id)
         if original.subject_type and subject is None:
             raise InvalidTransition(
                 f"Cannot fork: its subject {original.subject_type} {original.subject_id} no longer exists"
             )
-        before = {s.name for s in steps[: steps.index(start)]}
+        before = set(earlier)
         record = _insert_fork(cls, original, start, ledger)
         fork_ledger = RunLedger(record, ledger.now)
         link = {"forked_from": str(original.workflow_id), "from_step": start.name}
@@ -115,7 +113,10 @@ def _copy_steps(
     """
     ledger, actor = audit
     latest: dict[str, WorkflowStep] = {}
-    for step in WorkflowStep.objects.filter(run_id=original.pk, outcome=StepOutcomeKind.SUCCESS).order_by("pk"):
+    recorded = Q(outcome=StepOutcomeKind.SUCCESS)
+    if cls.copied_failure is not None:  # a durable function's checkpoint that raised into it: recorded too
+        recorded |= Q(status=StepStatus.FAILED, output=cls.copied_failure)
+    for step in WorkflowStep.objects.filter(recorded, run_id=original.pk).order_by("pk"):
         definition = cls.step_definition(step.step_name)  # an attempt under a name its step was renamed from
         name = definition.name if definition is not None else step.step_name
         if name in before:
@@ -129,7 +130,7 @@ def _copy_steps(
             created_at=ledger.now,
             step_name=name,
             attempt=1,
-            status=StepStatus.COMPLETED,
+            status=StepStatus.COMPLETED if step.outcome == StepOutcomeKind.SUCCESS else step.status,
             claimed_by=f"{COPIED_FROM}{original.workflow_id}",
             signal_id=None,  # the signal was consumed by the original's step: not delivered again
             limiters=None,

@@ -7,12 +7,12 @@ step-only readers on top of it (``pgbus_workflows.workflow``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..conf import settings
 from ..dsl.declared import DeclaredWorkflow, registry
 from ..dsl.definitions import AttemptRoute
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, InvalidTransition
 from .payload import load_subject
 
 if TYPE_CHECKING:
@@ -54,6 +54,40 @@ class RunHandle(DeclaredWorkflow):
     def cancel_if(self) -> bool:
         """Override to cancel the run before any step when it returns True."""
         return False
+
+    @classmethod
+    def step_names_of(cls, run: WorkflowRun) -> list[str]:
+        """The steps an operator picks from for ``run`` (resume at, fork from): the class's, in order.
+
+        A durable function's are the checkpoints the run reached.
+        """
+        return [s.name for s in cls.step_definitions()]
+
+    #: The output of a failed attempt that a fork copies as recorded (a durable function's raised
+    #: checkpoint, ``functions``); None: a fork copies successful attempts only.
+    copied_failure: ClassVar[Any] = None
+
+    @classmethod
+    def fork_point(cls, run: WorkflowRun, from_step: str | None) -> tuple[StepDefinition, list[str]]:
+        """Where a fork of ``run`` starts (``from_step``, the first step when None), and the steps before it.
+
+        ``StepNotDefined`` for a step the class has not; a durable function forks at a checkpoint
+        the run reached. The fork copies the recorded outputs of the steps before it.
+        """
+        steps = cls.step_definitions()
+        if not steps:
+            raise InvalidTransition(f"Cannot fork {run.workflow_id}: {cls.name} has no steps")
+        start = cls.require_step(from_step) if from_step is not None else steps[0]
+        return start, [s.name for s in steps[: steps.index(start)]]
+
+    @classmethod
+    def rewind_to(cls, run: WorkflowRun, name: str) -> tuple[StepDefinition, list[str]]:
+        """Where ``resume_at(name)`` resumes ``run``: the step's definition, and the steps it supersedes.
+
+        A step class runs on from any of its steps (``require_step``) and supersedes nothing: its
+        steps are read by name. A durable function rewinds to a checkpoint it reached.
+        """
+        return cls.require_step(name), []
 
     @classmethod
     def route_attempt(cls, definition: StepDefinition, run: WorkflowRun) -> AttemptRoute:

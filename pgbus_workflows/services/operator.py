@@ -68,7 +68,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
     """Resume a paused run at ``step_name``, due now; its active attempt (if any) is cancelled."""
     with locked_run(pk) as ledger:
         active = _admit(ledger, "resume_at")
-        definition = ledger.cls.require_step(step_name)
+        definition, superseded = ledger.cls.rewind_to(ledger.run, step_name)
         if active is not None:
             _return_unused_signal(ledger, active, "resume_at")
             slots.cancel_attempt(ledger, active, StepOutcomeKind.CANCELLED)
@@ -81,7 +81,7 @@ def resume_at(pk: int, step_name: str, *, actor: str | None = None, reason: str 
             actor=actor or DEFAULT_ACTOR,
             reason=reason,
             step=step,
-            details={"step": step_name},
+            details={"step": step_name, **({"superseded": superseded} if superseded else {})},
         )
     return ledger.run
 

@@ -98,7 +98,8 @@ def test_bad_declarations_and_calls_raise_configuration_error(helpers):
     def bad_names(ctx, name, option):
         return ctx.step(name, lambda: 1, **option)
 
-    for name, option in (("a@b", {}), ("a#2", {}), ("", {}), ("ok", {"queue": "fast"}), ("ok", {"on_exception": 3})):
+    options = ({"stages": 3}, {"on_exception": 3}, {"on_exception": "skip"}, {"priority": "x"}, {"max_reattempts": 2})
+    for name, option in (("a@b", {}), ("a#2", {}), ("", {}), *(("ok", o) for o in options)):
         run = bad_names.start(None, name=name, option=option)
         helpers.speedrun_workflow(run)
         assert run.reload().status == RunStatus.PAUSED

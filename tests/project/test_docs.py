@@ -139,6 +139,10 @@ def test_the_readme_is_a_front_page_under_300_lines():
 #: Public names of ``Workflow`` that the engine looks up and a project does not call.
 ENGINE_LOOKUPS = {
     "accepts_signal",
+    "copied_failure",
+    "fork_point",
+    "rewind_to",
+    "step_names_of",
     "known_step_names",
     "name_given",
     "next_step_after",

@@ -155,3 +155,16 @@ def test_run_hours_older_than_retention_are_deleted(history):
     rollups.roll_up(history + timedelta(days=30, hours=1, minutes=5), max_seconds=0)
 
     assert not WorkflowRunHour.objects.filter(hour__lt=history - timedelta(minutes=5)).exists()
+
+
+def test_a_run_deleted_by_hand_stays_counted_in_its_hours_rows(history):
+    """Only retention's deletes are accounted for: a DELETE of one's own leaves the rows as they were."""
+    now = history
+    roll_until(now - timedelta(minutes=2), now)
+    before = funnel(now, "24h")
+    rolled = WorkflowRun.objects.filter(status="cancelled", status_changed_at__lt=rollups.rolled_until(RUN_MARK))
+
+    WorkflowRun.objects.filter(pk=rolled.order_by("pk").first().pk).delete()
+
+    assert funnel(now, "24h") == before
+    assert funnel_from_runs(now, "24h")["started"] == before["started"] - 1

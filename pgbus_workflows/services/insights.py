@@ -117,32 +117,12 @@ def _pipeline(runs: QuerySet[WorkflowRun], workflow_class: str, now: datetime) -
 def _performance(workflow_class: str, since: datetime, now: datetime) -> list[dict[str, Any]]:
     """The attempts of the class that finished in ``(since, now]``, by step.
 
-    On PostgreSQL: the hours rolled up so far from ``WorkflowStepHour``; from the attempts, what
-    finished since the rollup's end and the window's first hour's part outside the window
-    (taken off) or inside it (added), whichever is shorter (``services.rollups``).
+    On PostgreSQL from the rollup and the window's edges (``services.rollups.window_cells``).
     """
     if not sql.postgresql():
         return _performance_sqlite(workflow_class, since, now)
-    until = rollups.rolled_until()
-    by_step: dict[str, rollups.Cell] = {}
-    if until is None or not since < until <= now:
-        edges: list[tuple[dict[str, datetime], bool]] = [({"gt": since, "lte": now}, True)]
-    else:
-        first, ceiling = rollups.floor_hour(since), rollups.ceil_hour(since)
-        if since - first <= ceiling - since or ceiling > until:
-            by_step = rollups.hour_cells(workflow_class, first, rollups.floor_hour(until))
-            edges = [({"gte": first, "lte": since}, False), ({"gte": until, "lte": now}, True)]
-        else:
-            by_step = rollups.hour_cells(workflow_class, ceiling, rollups.floor_hour(until))
-            edges = [({"gt": since, "lt": ceiling}, True), ({"gte": until, "lte": now}, True)]
-    for bounds, counted in edges:
-        for (_, step_name, _), cell in rollups.attempt_cells(workflow_class, **bounds).items():
-            mine = by_step.setdefault(step_name, rollups.Cell())
-            if counted:
-                mine.add(cell)
-            else:
-                mine.remove(cell)
-    return [_cell_row(step_name, cell) for step_name, cell in by_step.items() if cell.attempts]
+    cells = rollups.window_cells(workflow_class, since, now)
+    return [_cell_row(step_name, cell) for (_, step_name), cell in cells.items() if cell.attempts]
 
 
 def _cell_row(step_name: str, cell: rollups.Cell) -> dict[str, Any]:

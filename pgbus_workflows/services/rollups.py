@@ -180,14 +180,48 @@ def _cell_of(row: dict[str, Any]) -> Cell:
     return cell
 
 
-def hour_cells(workflow_class: str, first: datetime, last: datetime) -> dict[str, Cell]:
-    """The rolled-up attempts of ``workflow_class`` in the hours from ``first`` to ``last`` (both included), by step."""
-    cells: dict[str, Cell] = {}
-    rows = WorkflowStepHour.objects.filter(workflow_class=workflow_class, hour__gte=first, hour__lte=last)
+def hour_cells(workflow_class: str | None, first: datetime, last: datetime) -> dict[tuple[str, str], Cell]:
+    """The rolled-up attempts in the hours from ``first`` to ``last`` (both included), by class and step.
+
+    Of ``workflow_class`` only, or of every class (None).
+    """
+    cells: dict[tuple[str, str], Cell] = {}
+    rows = WorkflowStepHour.objects.filter(hour__gte=first, hour__lte=last)
+    if workflow_class is not None:
+        rows = rows.filter(workflow_class=workflow_class)
     for row in rows.order_by():
         histogram = Counter({int(index): n for index, n in row.durations.items()})
         counts = {name: getattr(row, name) for name in ("attempts", "reattempts", *ENDINGS)}
-        cells.setdefault(row.step_name, Cell()).add(Cell(**counts, durations=histogram))
+        cells.setdefault((row.workflow_class, row.step_name), Cell()).add(Cell(**counts, durations=histogram))
+    return cells
+
+
+def window_cells(workflow_class: str | None, since: datetime, now: datetime) -> dict[tuple[str, str], Cell]:
+    """The attempts that finished in ``(since, now]``, by class and step (of one class, or of every class: None).
+
+    The hours rolled up so far from ``WorkflowStepHour``; from the attempts, what finished since
+    the rollup's end and the window's first hour's part outside the window (taken off) or inside
+    it (added), whichever is shorter. PostgreSQL only.
+    """
+    until = rolled_until()
+    cells: dict[tuple[str, str], Cell] = {}
+    if until is None or not since < until <= now:
+        edges: list[tuple[dict[str, datetime], bool]] = [({"gt": since, "lte": now}, True)]
+    else:
+        first, ceiling = floor_hour(since), ceil_hour(since)
+        if since - first <= ceiling - since or ceiling > until:
+            cells = hour_cells(workflow_class, first, floor_hour(until))
+            edges = [({"gte": first, "lte": since}, False), ({"gte": until, "lte": now}, True)]
+        else:
+            cells = hour_cells(workflow_class, ceiling, floor_hour(until))
+            edges = [({"gt": since, "lt": ceiling}, True), ({"gte": until, "lte": now}, True)]
+    for bounds, counted in edges:
+        for (klass, step_name, _), cell in attempt_cells(workflow_class, **bounds).items():
+            mine = cells.setdefault((klass, step_name), Cell())
+            if counted:
+                mine.add(cell)
+            else:
+                mine.remove(cell)
     return cells
 
 

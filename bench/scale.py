@@ -95,7 +95,7 @@ def build(runs: int, waiting: int, days: float) -> float:
     """Fill the current database (see the module's docstring); returns seconds."""
     from django.db import connection
 
-    from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep, WorkflowStepHour
+    from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowRunHour, WorkflowStep, WorkflowStepHour
 
     began = time.perf_counter()
     made = templates()
@@ -106,7 +106,7 @@ def build(runs: int, waiting: int, days: float) -> float:
         check_copies(pk, "waits" if name == "waiting" else name)
     roll_up_history()
     with connection.cursor() as cursor:  # autocommit: VACUUM cannot run in a transaction
-        for model in (WorkflowRun, WorkflowStep, WorkflowEvent, WorkflowStepHour):
+        for model in (WorkflowRun, WorkflowStep, WorkflowEvent, WorkflowStepHour, WorkflowRunHour):
             cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
     return time.perf_counter() - began
 
@@ -114,15 +114,18 @@ def build(runs: int, waiting: int, days: float) -> float:
 def roll_up_history(within: float = 600.0) -> None:
     """Roll the copied history up as the sweep would have (``services.rollups``), waiting at most ``within`` seconds."""
     from pgbus_workflows.services import rollups
+    from pgbus_workflows.services.run_hours import RUN_MARK
     from pgbus_workflows.sql import clock
 
+    def behind() -> bool:  # either rollup (the attempts', the runs') short of the last whole hour
+        marks = [rollups.rolled_until(mark) for mark in (rollups.MARK, RUN_MARK)]
+        return any(until is None or until < rollups.floor_hour(clock.now() - rollups.SETTLE) for until in marks)
+
     deadline = time.monotonic() + within
-    rollups.roll_up(clock.now())  # the first checkpoint
-    while (rollups.rolled_until() or clock.now()) < rollups.floor_hour(clock.now() - rollups.SETTLE) or (
-        rollups.rolled_until() is None
-    ):
+    rollups.roll_up(clock.now())  # the first checkpoints
+    while behind():
         if time.monotonic() > deadline:  # a long transaction elsewhere on the server holds it back
-            print("The rollup did not catch up: insights read attempts past it.")
+            print("The rollups did not catch up: insights read attempts and runs past them.")
             return
         rollups.roll_up(clock.now(), max_seconds=within)
         time.sleep(0.1)

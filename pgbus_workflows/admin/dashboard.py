@@ -14,8 +14,10 @@ from django.db.models import Count
 from django.http import HttpRequest
 from django.urls import reverse
 
+from .. import sql
 from ..conf import settings
 from ..models import Dispatcher, WorkflowRun, WorkflowStep
+from ..services.rollups import window_cells
 from ..services.stuck import GAUGE_EXACT_UP_TO, STUCK_REASONS, gauge
 from ..sql.counting import bounded_count
 from ..states import ONGOING_RUN, RunStatus, StepStatus
@@ -150,15 +152,26 @@ def _dispatchers(now: datetime) -> list[dict[str, Any]]:
 
 
 def _recent_steps(site: AdminSite, now: datetime) -> dict[str, Any]:
-    """Attempts completed and failed in the last hour, by class, each linked to the steps list."""
+    """Attempts completed and failed in the last hour, by class, each linked to the steps list.
+
+    On PostgreSQL read as insights read step performance (``services.rollups.window_cells``: the
+    rolled-up hours and the window's edges), so the cost does not grow with the hour's volume.
+    """
     kinds = (StepStatus.COMPLETED, StepStatus.FAILED)
-    rows = (
-        WorkflowStep.objects.filter(finished_at__gte=now - timedelta(hours=1), status__in=kinds)
-        .values_list("run__workflow_class", "status")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    counts = {(klass, status): n for klass, status, n in rows}
+    counts: dict[tuple[str, str], int] = {}
+    if sql.postgresql():
+        for (klass, _step), cell in window_cells(None, now - timedelta(hours=1), now).items():
+            for status in kinds:
+                if n := getattr(cell, str(status)):
+                    counts[(klass, status)] = counts.get((klass, status), 0) + n
+    else:
+        rows = (
+            WorkflowStep.objects.filter(finished_at__gte=now - timedelta(hours=1), status__in=kinds)
+            .values_list("run__workflow_class", "status")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+        counts = {(klass, status): n for klass, status, n in rows}
     steps = partial(changelist_url, site.name, "workflowstep", finished_within="1h")
     by_class = [
         {

@@ -29,7 +29,7 @@ from .records import (
     WorkflowEvent,
     WorkflowSignal,
 )
-from .rollups import WorkflowRollupMark, WorkflowStepHour
+from .rollups import WorkflowRollupMark, WorkflowRunHour, WorkflowStepHour
 from .runs import UNSUCCESSFUL_STEP, WorkflowRun, WorkflowRunQuerySet, WorkflowStep, WorkflowStepQuerySet
 from .schedules import ScheduleEvent, WorkflowSchedule
 from .tasks import TASK_CLASS_PREFIX, DjangoTask
@@ -60,6 +60,7 @@ __all__ = [
     "WorkflowLimiter",
     "WorkflowRollupMark",
     "WorkflowRun",
+    "WorkflowRunHour",
     "WorkflowRunQuerySet",
     "WorkflowSchedule",
     "WorkflowSignal",

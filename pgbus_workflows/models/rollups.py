@@ -1,8 +1,8 @@
-"""The insights rollup: attempts that finished, counted per workflow class, step and hour.
+"""The insights rollups: attempts finished, per workflow class, step and hour; runs ended, by their start's hour.
 
-The sweep's ``rollups`` phase writes them (``services.rollups``) once an hour is over and every
-transaction that could still add an attempt to it has ended; insights read whole hours here and
-the rest from the attempts, so their cost does not grow with the history kept.
+The sweep's ``rollups`` phase writes them (``services.rollups``) once every transaction that
+could still add to an hour has ended; insights read whole hours here and the rest from the
+attempts and runs, so their cost does not grow with the history kept.
 """
 
 from __future__ import annotations
@@ -47,10 +47,42 @@ class WorkflowStepHour(models.Model):
         return f"{self.workflow_class}.{self.step_name} {self.hour:%Y-%m-%d %H}:00"
 
 
-class WorkflowRollupMark(models.Model):
-    """How far the rollup goes, and the checkpoint that lets it go further (one row, ``name="step_hours"``).
+class WorkflowRunHour(models.Model):
+    """The finished and cancelled runs of one workflow class that started in one hour (UTC), by step.
 
-    ``rolled_until``: every attempt finished before it is counted in :class:`WorkflowStepHour`.
+    For insights' funnel: ``reached`` counts those runs with an attempt of the step, ``finished``
+    and ``cancelled`` those whose ``current_step`` is the step. A run is added once it has ended
+    (and so will not change), by the time it ended (``status_changed_at``).
+    """
+
+    workflow_class = models.CharField(_("workflow class"), max_length=255)
+    step_name = models.CharField(_("step"), max_length=255, blank=True)
+    #: The start of the hour the runs started in.
+    hour = models.DateTimeField(_("hour"))
+    reached = models.IntegerField(_("reached"), default=0)
+    finished = models.IntegerField(_("finished"), default=0)
+    cancelled = models.IntegerField(_("cancelled"), default=0)
+
+    objects = ReadingQuerySet["WorkflowRunHour"].as_manager()
+
+    class Meta:
+        verbose_name = _("run hour")
+        verbose_name_plural = _("run hours")
+        constraints = [
+            # leads with what the funnel filters on: a class, then a range of hours
+            models.UniqueConstraint(fields=["workflow_class", "hour", "step_name"], name="pgbus_wf_run_hour"),
+        ]
+        indexes = [models.Index(fields=["hour"], name="pgbus_wf_run_hour_age")]  # retention's deletes
+
+    def __str__(self) -> str:
+        return f"{self.workflow_class}.{self.step_name} started {self.hour:%Y-%m-%d %H}:00"
+
+
+class WorkflowRollupMark(models.Model):
+    """How far a rollup goes, and the checkpoint that lets it go further (a row each: ``step_hours``, ``run_hours``).
+
+    ``rolled_until``: every attempt finished before it is counted in :class:`WorkflowStepHour`
+    (``step_hours``), every run ended before it in :class:`WorkflowRunHour` (``run_hours``).
     ``checkpoint_at`` and ``checkpoint_xids``: a time and the transactions of the database that
     held a transaction id when it was taken; once all of those have ended, no attempt that
     finished before ``checkpoint_at`` can still commit, and the rollup may go up to it.

@@ -163,10 +163,10 @@ class WorkflowRun(models.Model):
                 condition=Q(debounce_key__isnull=False) & Q(status=RunStatus.READY),
                 name="pgbus_wf_run_debounce",
             ),
-            # The insights page: ongoing runs by step (the pipeline), and the runs a window started
-            # (the funnel), each read from the index alone.
+            # The insights page: ongoing runs by step (the pipeline) and those a window started (the
+            # funnel's runs not rolled up), and the runs a window started, each read from the index alone.
             models.Index(
-                fields=["workflow_class", "current_step", "status"],
+                fields=["workflow_class", "started_at", "current_step", "status", "id"],
                 condition=Q(status__in=sorted(ONGOING_RUN)),
                 name="pgbus_wf_run_pipeline",
             ),

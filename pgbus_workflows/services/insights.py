@@ -8,10 +8,13 @@
   their duration (claim to end). On PostgreSQL the hours come from the rollup the sweep keeps
   (``services.rollups``: the cost does not grow with the window's volume) and the window's edges
   from the attempts; p50/p95 come from a histogram of the durations (within about 4.5 %).
-- **Funnel**: of the runs the window started (``pgbus_wf_run_class_started``), how many reached
-  each step (an attempt of it exists, ``pgbus_wf_step_run_name``), and where the others are or
-  stopped, in which status. Retention deletes finished runs whole, so a window longer than
-  ``RETENTION`` counts only the runs kept.
+- **Funnel**: of the runs the window started, how many reached each step (an attempt of it
+  exists, ``pgbus_wf_step_run_name``), and where the others are or stopped, in which status. On
+  PostgreSQL the runs that had ended before the rollup's end come from the hours of their starts
+  (``services.run_hours``), and the window's edges, its ongoing runs (``pgbus_wf_run_pipeline``)
+  and the runs ended since, from the runs: the cost grows with the ongoing runs, not with the
+  history. Retention deletes finished runs whole, so a window longer than ``RETENTION`` counts
+  only the runs kept (read from the runs: the rollup would count the deleted ones too).
 
 The admin's insights page and the MCP tool ``insights`` read :func:`class_insights`; it writes nothing.
 """
@@ -25,12 +28,14 @@ from typing import Any
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 
 from .. import sql
+from ..conf import settings
 from ..dsl.declared import registry
 from ..models import WorkflowRun, WorkflowStep
 from ..sql import clock
-from ..states import ONGOING_RUN, RunStatus, StepStatus
+from ..states import ONGOING_RUN, TERMINAL_RUN, RunStatus, StepStatus
 from . import rollups
 from .limiting import held_back_counts
+from .run_hours import RUN_MARK, Funnel, hour_funnel, run_funnels
 
 #: The windows an operator may pick, by the label the page and the MCP tool take.
 WINDOWS: dict[str, timedelta] = {
@@ -65,7 +70,7 @@ def class_insights(workflow_class: str, window: timedelta, now: datetime | None 
         raise LookupError(f"No workflow class {workflow_class!r}: none is registered under that name, no run is stored")
     pipeline = _pipeline(runs, workflow_class, now)
     performance = _performance(workflow_class, since, now)
-    funnel = _funnel(runs.filter(started_at__gt=since, started_at__lte=now))
+    funnel = _funnel(workflow_class, since, now)
     names = [d.name for d in declared.step_definitions()] if declared is not None else []
     seen = {row["step"] for row in pipeline} | {row["step"] for row in performance} | set(funnel["reached"])
     steps = names + sorted(seen - set(names) - {""})
@@ -112,32 +117,12 @@ def _pipeline(runs: QuerySet[WorkflowRun], workflow_class: str, now: datetime) -
 def _performance(workflow_class: str, since: datetime, now: datetime) -> list[dict[str, Any]]:
     """The attempts of the class that finished in ``(since, now]``, by step.
 
-    On PostgreSQL: the hours rolled up so far from ``WorkflowStepHour``; from the attempts, what
-    finished since the rollup's end and the window's first hour's part outside the window
-    (taken off) or inside it (added), whichever is shorter (``services.rollups``).
+    On PostgreSQL from the rollup and the window's edges (``services.rollups.window_cells``).
     """
     if not sql.postgresql():
         return _performance_sqlite(workflow_class, since, now)
-    until = rollups.rolled_until()
-    by_step: dict[str, rollups.Cell] = {}
-    if until is None or not since < until <= now:
-        edges: list[tuple[dict[str, datetime], bool]] = [({"gt": since, "lte": now}, True)]
-    else:
-        first, ceiling = rollups.floor_hour(since), rollups.ceil_hour(since)
-        if since - first <= ceiling - since or ceiling > until:
-            by_step = rollups.hour_cells(workflow_class, first, rollups.floor_hour(until))
-            edges = [({"gte": first, "lte": since}, False), ({"gte": until, "lte": now}, True)]
-        else:
-            by_step = rollups.hour_cells(workflow_class, ceiling, rollups.floor_hour(until))
-            edges = [({"gt": since, "lt": ceiling}, True), ({"gte": until, "lte": now}, True)]
-    for bounds, counted in edges:
-        for (_, step_name, _), cell in rollups.attempt_cells(workflow_class, **bounds).items():
-            mine = by_step.setdefault(step_name, rollups.Cell())
-            if counted:
-                mine.add(cell)
-            else:
-                mine.remove(cell)
-    return [_cell_row(step_name, cell) for step_name, cell in by_step.items() if cell.attempts]
+    cells = rollups.window_cells(workflow_class, since, now)
+    return [_cell_row(step_name, cell) for (_, step_name), cell in cells.items() if cell.attempts]
 
 
 def _cell_row(step_name: str, cell: rollups.Cell) -> dict[str, Any]:
@@ -204,19 +189,48 @@ def _performance_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _funnel(started: QuerySet[WorkflowRun]) -> dict[str, Any]:
-    """How many runs the window started, where each is now, and which steps each reached."""
-    where = started.values_list("current_step", "status").annotate(n=Count("*")).order_by()
+def _funnel(workflow_class: str, since: datetime, now: datetime) -> dict[str, Any]:
+    """How many runs the window started, where each is now, and which steps each reached.
+
+    On PostgreSQL, once the runs' rollup has begun and retention deletes no run of the window:
+    the rolled-up hours of the window's starts (the first hour's part outside the window taken
+    off, or its part inside added, whichever is shorter; the runs started after ``now`` in its
+    last hour taken off), then the window's ongoing runs and those ended since the rollup's end.
+    """
+    counted = _funnel_counts(workflow_class, since, now)
     at: dict[str, dict[str, int]] = {}
-    for step_name, status, n in where:
-        at.setdefault(step_name, {})[status] = n
-    reached = (  # the run keys from the window's index (their last column), each run's steps from theirs
-        WorkflowStep.objects.filter(run_id__in=started.values("pk"))
-        .values_list("step_name")
-        .annotate(n=Count("run_id", distinct=True))
-        .order_by()
-    )
-    return {"at": at, "reached": dict(reached)}
+    for (step_name, status), n in counted.at.items():
+        if n:
+            at.setdefault(step_name, {})[status] = n
+    return {"at": at, "reached": {name: n for name, n in counted.reached.items() if n}}
+
+
+def _funnel_counts(workflow_class: str, since: datetime, now: datetime) -> Funnel:
+    window = {"workflow_class": workflow_class, "started_at__gt": since, "started_at__lte": now}
+    until = rollups.rolled_until(RUN_MARK)
+    first, ceiling, last = rollups.floor_hour(since), rollups.ceil_hour(since), rollups.floor_hour(now)
+    kept = settings.RETENTION is None or first >= clock.now() - settings.RETENTION
+    if not sql.postgresql() or until is None or not kept:
+        return _total(**window)
+    ended = {"workflow_class": workflow_class, "status__in": sorted(TERMINAL_RUN), "status_changed_at__lt": until}
+    if since - first <= ceiling - since:
+        counted = hour_funnel(workflow_class, first, last)
+        counted.add(_total(**ended, started_at__gte=first, started_at__lte=since), -1)
+    else:
+        counted = hour_funnel(workflow_class, ceiling, last)
+        counted.add(_total(**ended, started_at__gt=since, started_at__lt=ceiling))
+    counted.add(_total(**ended, started_at__gt=now, started_at__lt=last + rollups.HOUR), -1)
+    counted.add(_total(**window, status__in=sorted(ONGOING_RUN)))
+    counted.add(_total(**window, status__in=sorted(TERMINAL_RUN), status_changed_at__gte=until))
+    return counted
+
+
+def _total(**runs: Any) -> Funnel:
+    """The runs that match ``runs``, counted whatever their hour."""
+    total = Funnel()
+    for counted in run_funnels(**runs).values():
+        total.add(counted)
+    return total
 
 
 def _funnel_steps(funnel: dict[str, Any], steps: list[str]) -> dict[str, Any]:

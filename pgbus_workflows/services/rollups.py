@@ -15,7 +15,9 @@ attempts, the part of the window's first hour outside (or inside, whichever is s
 window and what finished since ``rolled_until``, through :func:`attempt_cells` both: one way of
 counting, whichever rows it reads. Durations are counted in log-spaced buckets (:func:`bucket`),
 eight per doubling from 1 ms, so a percentile read from them is within about 4.5 % of the exact
-one. PostgreSQL only: on SQLite insights read the attempts.
+one. PostgreSQL only: on SQLite insights read the attempts. The same phase, with the same
+checkpoints under a mark of its own, rolls up the runs that ended for the funnel
+(``services.run_hours``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,10 +37,11 @@ from django.db.models.functions import Trunc
 
 from .. import sql
 from ..conf import settings
-from ..models import WorkflowRollupMark, WorkflowRun, WorkflowStep, WorkflowStepHour
+from ..models import WorkflowRollupMark, WorkflowRun, WorkflowRunHour, WorkflowStep, WorkflowStepHour
 from ..states import StepStatus
+from .run_hours import RUN_MARK, add_runs, first_run_end
 
-#: The mark's row (``WorkflowRollupMark.name``).
+#: The mark's row (``WorkflowRollupMark.name``); the runs' rollup has its own (``run_hours.RUN_MARK``).
 MARK = "step_hours"
 HOUR = timedelta(hours=1)
 #: How far behind the clock a checkpoint's time is: an outcome's time read before its run's lock was granted.
@@ -176,41 +180,93 @@ def _cell_of(row: dict[str, Any]) -> Cell:
     return cell
 
 
-def hour_cells(workflow_class: str, first: datetime, last: datetime) -> dict[str, Cell]:
-    """The rolled-up attempts of ``workflow_class`` in the hours from ``first`` to ``last`` (both included), by step."""
-    cells: dict[str, Cell] = {}
-    rows = WorkflowStepHour.objects.filter(workflow_class=workflow_class, hour__gte=first, hour__lte=last)
+def hour_cells(workflow_class: str | None, first: datetime, last: datetime) -> dict[tuple[str, str], Cell]:
+    """The rolled-up attempts in the hours from ``first`` to ``last`` (both included), by class and step.
+
+    Of ``workflow_class`` only, or of every class (None).
+    """
+    cells: dict[tuple[str, str], Cell] = {}
+    rows = WorkflowStepHour.objects.filter(hour__gte=first, hour__lte=last)
+    if workflow_class is not None:
+        rows = rows.filter(workflow_class=workflow_class)
     for row in rows.order_by():
         histogram = Counter({int(index): n for index, n in row.durations.items()})
         counts = {name: getattr(row, name) for name in ("attempts", "reattempts", *ENDINGS)}
-        cells.setdefault(row.step_name, Cell()).add(Cell(**counts, durations=histogram))
+        cells.setdefault((row.workflow_class, row.step_name), Cell()).add(Cell(**counts, durations=histogram))
     return cells
 
 
-def rolled_until() -> datetime | None:
-    """How far the rollup goes: every attempt finished before it is counted (None before the first)."""
-    return WorkflowRollupMark.objects.filter(name=MARK).values_list("rolled_until", flat=True).first()
+def window_cells(workflow_class: str | None, since: datetime, now: datetime) -> dict[tuple[str, str], Cell]:
+    """The attempts that finished in ``(since, now]``, by class and step (of one class, or of every class: None).
+
+    The hours rolled up so far from ``WorkflowStepHour``; from the attempts, what finished since
+    the rollup's end and the window's first hour's part outside the window (taken off) or inside
+    it (added), whichever is shorter. PostgreSQL only.
+    """
+    until = rolled_until()
+    cells: dict[tuple[str, str], Cell] = {}
+    if until is None or not since < until <= now:
+        edges: list[tuple[dict[str, datetime], bool]] = [({"gt": since, "lte": now}, True)]
+    else:
+        first, ceiling = floor_hour(since), ceil_hour(since)
+        if since - first <= ceiling - since or ceiling > until:
+            cells = hour_cells(workflow_class, first, floor_hour(until))
+            edges = [({"gte": first, "lte": since}, False), ({"gte": until, "lte": now}, True)]
+        else:
+            cells = hour_cells(workflow_class, ceiling, floor_hour(until))
+            edges = [({"gt": since, "lt": ceiling}, True), ({"gte": until, "lte": now}, True)]
+    for bounds, counted in edges:
+        for (klass, step_name, _), cell in attempt_cells(workflow_class, **bounds).items():
+            mine = cells.setdefault((klass, step_name), Cell())
+            if counted:
+                mine.add(cell)
+            else:
+                mine.remove(cell)
+    return cells
+
+
+def rolled_until(mark: str = MARK) -> datetime | None:
+    """How far the rollup ``mark`` goes: all finished (or ended) before it is counted (None before the first)."""
+    return WorkflowRollupMark.objects.filter(name=mark).values_list("rolled_until", flat=True).first()
 
 
 def roll_up(now: datetime, max_seconds: float = ROLLUP_SECONDS) -> int:
-    """The sweep's ``rollups`` phase: roll up the settled hours, take the next checkpoint, drop expired hours.
+    """The sweep's ``rollups`` phase: roll up the settled hours, take the next checkpoints, drop expired hours.
 
-    Returns how many rows it wrote. Spends at most ``max_seconds`` (at least one hour when any is due).
+    Two rollups, each with its own mark: the attempts finished (``WorkflowStepHour``) and the
+    runs ended (``WorkflowRunHour``, :func:`add_runs`). Returns how many rows it wrote. Spends at
+    most ``max_seconds`` on each (at least one hour when any is due).
     """
     if not sql.postgresql():
         return 0
+    written = _roll(MARK, _first_hour, _add_range, now, max_seconds)
+    written += _roll(RUN_MARK, first_run_end, add_runs, now, max_seconds)
+    if settings.RETENTION is not None:
+        WorkflowStepHour.objects.filter(hour__lt=now - settings.RETENTION - HOUR).delete()
+        WorkflowRunHour.objects.filter(hour__lt=now - settings.RETENTION - HOUR).delete()
+    return written
+
+
+def _roll(
+    name: str,
+    first_hour: Callable[[], datetime | None],
+    add: Callable[[datetime, datetime], int],
+    now: datetime,
+    max_seconds: float,
+) -> int:
+    """Move the mark ``name`` up to its checkpoint if settled (``add`` an hour at a time), then take the next."""
     with transaction.atomic():
-        mark, _ = WorkflowRollupMark.objects.select_for_update().get_or_create(name=MARK)
+        mark, _ = WorkflowRollupMark.objects.select_for_update().get_or_create(name=name)
         written = 0
         caught_up = mark.checkpoint_at is None
         if mark.checkpoint_at is not None and not _still_open(mark.checkpoint_xids):
             settled = mark.checkpoint_at
-            start = mark.rolled_until or _first_hour() or settled
+            start = mark.rolled_until or first_hour() or settled
             deadline = time.monotonic() + max_seconds
             hours = 0
             while start < settled and (hours == 0 or time.monotonic() < deadline):
                 end = min(floor_hour(start) + HOUR, settled)
-                written += _add_range(start, end)
+                written += add(start, end)
                 start = end
                 hours += 1
             mark.rolled_until = max(start, mark.rolled_until or start)
@@ -219,8 +275,6 @@ def roll_up(now: datetime, max_seconds: float = ROLLUP_SECONDS) -> int:
             mark.checkpoint_at = now - SETTLE
             mark.checkpoint_xids = _open_here()
         mark.save()
-        if settings.RETENTION is not None:
-            WorkflowStepHour.objects.filter(hour__lt=now - settings.RETENTION - HOUR).delete()
     return written
 
 

@@ -92,15 +92,18 @@ def stuck_querysets(now: datetime, classes: Sequence[str] | None = None) -> dict
 def _not_held_back(overdue: Any, due_before: datetime, now: datetime) -> Any:
     """The ``overdue`` attempts but those a limit with no room holds back (a step waiting its turn is not stuck).
 
-    The limiters of the claimable attempts under limits due before ``due_before`` are read
-    through their partial index (``pgbus_wf_step_limited``), then those rows by name: the
+    The limiters of the attempts under limits due before ``due_before`` are read through their
+    partial indexes (``pgbus_wf_step_limited``, ``pgbus_wf_step_parked``), then those rows by name: the
     cost grows with such attempts, never with the queue or the limiters. A step's limiters
     are a JSON array, whose elements ``has_any_keys`` tests (``?|`` on PostgreSQL).
     """
     limited = WorkflowStep.objects.filter(
         status=StepStatus.SCHEDULED, held=False, limiters__isnull=False, scheduled_at__lt=due_before
     )
-    names = {name for limiters in limited.values_list("limiters", flat=True) for name in limiters or ()}
+    names: set[str] = set()
+    for parked in (False, True):  # unparked: pgbus_wf_step_limited; parked: pgbus_wf_step_parked (steps under limits)
+        rows = limited.filter(parked=parked).values_list("limiters", flat=True)
+        names.update(name for limiters in rows for name in limiters or ())
     full = sorted(row.name for row in WorkflowLimiter.objects.filter(name__in=names) if limiting.room(row, now) < 1)
     if not full:
         return overdue

@@ -77,6 +77,19 @@ def test_the_due_index_swap_runs_both_ways_and_picks_up_where_a_failed_run_stopp
         assert cursor.fetchone() == (0,)
 
 
+def test_the_pipeline_index_swap_runs_both_ways():
+    swap = importlib.import_module("pgbus_workflows.migrations.0025_run_hours")
+    with connection.schema_editor(atomic=False) as editor:
+        schema.replace_index(editor, WorkflowRun, swap.NEW_PIPELINE, swap.OLD_PIPELINE)  # migrating back to 0024
+    assert [str(d) for d in schema.differences(connection, MODELS)] == [
+        "pgbus_workflows_workflowrun.pgbus_wf_run_pipeline: index columns differ:"
+        " (workflow_class, current_step, status)"
+    ]
+    with connection.schema_editor(atomic=False) as editor:
+        schema.replace_index(editor, WorkflowRun, swap.OLD_PIPELINE, swap.NEW_PIPELINE)
+    assert schema.differences(connection, MODELS) == []
+
+
 def test_a_step_inserted_by_code_older_than_held_is_not_held():
     # A rolling deploy: code from before 0011 inserts steps without the column; the database's
     # default stands in for it, and the step is claimable as it always was.

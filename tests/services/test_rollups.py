@@ -177,3 +177,18 @@ def test_a_duration_falls_in_the_bucket_whose_bounds_hold_it(seconds):
 
     assert low <= seconds < high
     assert low == 0 or high / low == pytest.approx(2 ** (1 / rollups.BUCKETS_PER_DOUBLING))
+
+
+def test_the_dashboards_last_hour_read_from_the_rollup_is_read_from_the_attempts(history):
+    from django.contrib import admin
+
+    from pgbus_workflows.admin.dashboard import _recent_steps
+
+    now = history
+    moments = [now, now + timedelta(minutes=20), now + timedelta(minutes=50), now + timedelta(minutes=80)]
+    raw = [_recent_steps(admin.site, at) for at in moments]
+    assert sum(cell["count"] for cell in raw[0]["totals"]) > 0
+
+    roll_until(rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR, now)
+
+    assert [_recent_steps(admin.site, at) for at in moments] == raw

@@ -256,6 +256,10 @@ def test_the_stuck_gauge_leaves_steps_held_back_by_a_limit_out_of_overdue():
     # Both due for over the stall threshold: account 10's has room and nothing claimed it
     # (stuck); account 9's waits for the slot its key's running step holds (not stuck).
     assert _overdue(SlotSync.name) == 1
+    for parked in (True, False):  # its limiters read through either partial index, parked by a claim or not
+        parked_on = "concurrency:slots:9" if parked else ""
+        WorkflowStep.objects.filter(pk=scheduled(held).pk).update(parked=parked, parked_on=parked_on)
+        assert _overdue(SlotSync.name) == 1
 
 
 # -- a key function changed in a deploy -----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The backends Django's own task tests name, made of ``WorkflowsBackend`` (``run.py`` points them here).
+"""The backends the upstream task tests name (Django's and the backport's), made of ``WorkflowsBackend``.
 
 Django's tests use its two stand-in backends: ``DummyBackend`` stores a task and runs nothing,
 ``ImmediateBackend`` runs it inside ``enqueue``. Here both are ``WorkflowsBackend``, storing in

@@ -13,8 +13,9 @@ own runner (``DiscoverRunner``). The adaptation, all of it here:
 3. The tests that check what only a stand-in does are skipped, each with its reason
    (:data:`NOT_APPLICABLE`, also in ``docs/tasks.md``).
 
-Django 5.2 has no ``django.tasks`` and no such tests (the ``django-tasks`` backport does not
-publish its tests in its distribution): there, this says so and exits 0.
+Django 5.2 has no ``django.tasks`` and no such tests: there, this runs the ``django-tasks``
+backport's and django-tasks-db's tests instead, vendored in this repository
+(``tests.upstream.vendored``).
 """
 
 from __future__ import annotations
@@ -106,9 +107,11 @@ def main() -> int:
     import django
 
     if django.VERSION < (6, 0):
+        from tests.upstream import vendored
+
         version = django.get_version()
-        sys.stdout.write(f"Django {version} has no django.tasks: its task tests run on Django 6 (CI's 3.12 run)\n")
-        return 0
+        sys.stdout.write(f"Django {version} has no django.tasks: the backport's and django-tasks-db's tests run\n")
+        return vendored.main([])
     with tempfile.TemporaryDirectory(prefix="django-task-tests-") as folder:
         tests = fetch(django.get_version(), Path(folder))
         adapt(tests)

@@ -1,4 +1,4 @@
-"""Settings for Django's own task tests run against ``WorkflowsBackend`` (``run.py``).
+"""Settings of the upstream task tests run against ``WorkflowsBackend`` (``run.py``, and ``vendored.py`` from them).
 
 The test suite's settings (PostgreSQL from ``DATABASE_URL``), with a test database of their
 own so that the run can go beside the suite's.

@@ -68,3 +68,15 @@ def catalog_json() -> str:
 
 
 _catalog_json: tuple[int, str] | None = None
+
+
+def any_fairness() -> bool:
+    """Whether a registered class declares ``Fairness`` (the claim then reads the fair order too)."""
+    global _any_fairness
+    if _any_fairness is None or _any_fairness[0] != registry.version:
+        found = any(getattr(cls, "fairness", None) is not None for cls in registry.classes())
+        _any_fairness = (registry.version, found)
+    return _any_fairness[1]
+
+
+_any_fairness: tuple[int, bool] | None = None

@@ -28,7 +28,7 @@ from psycopg import postgres
 from psycopg.abc import Loader
 from psycopg.adapt import PyFormat
 
-from . import claiming, debouncing, limiting, replica, rollups  # noqa: F401  (register their statements)
+from . import claiming, debouncing, fairness, limiting, replica, rollups  # noqa: F401  (register their statements)
 from .statements import BUILDERS
 
 _cache: dict[tuple[str, str, str, tuple[Hashable, ...]], str] = {}

@@ -314,6 +314,7 @@ class Ticked(Workflow):
 from .async_workflows import AsyncPing  # noqa: E402, F401
 from .child_workflows import Abandoned, Forever, Many, Shipment, ShipOrder, ShipWhatever, SlowChild, Tree, Waiter  # noqa: E402, F401
 from .durable_workflows import durable_journey, durable_killed  # noqa: E402, F401
+from .fair_workflows import Tenanted  # noqa: E402, F401
 from .held_workflows import FreeWork, HeldSignalled, HeldWork  # noqa: E402, F401
 
 if os.environ.get("PGBUS_TESTAPP_WITHOUT_LIMITS") != "1":  # bench.limits's baseline: a project without limits

@@ -1,0 +1,61 @@
+# Fairness (``dsl.fairness``): a step of a class with ``Fairness``, scheduled due at once, stores
+# its key and its place in the claims' order (``fair_at``). Two partial indexes hold only such
+# steps: the claimable ones in fair order (a claim of a catalog with fairness reads them beside
+# the due index), and each key's waiting ones (where its next step goes). Steps of other classes
+# enter neither. The columns are nullable (code older than them still inserts steps, NULL); the
+# indexes are built CONCURRENTLY, hence atomic = False. Code older than this claims every step
+# through the due index, in due order, as before.
+
+from django.db import migrations, models
+
+from pgbus_workflows import schema
+
+FAIR = models.Index(
+    condition=models.Q(('fair_at__isnull', False), ('held', False), ('parked', False), ('status', 'scheduled')),
+    fields=['priority', 'fair_at', 'scheduled_at', 'id'],
+    name='pgbus_wf_step_fair',
+)
+FAIR_KEY = models.Index(
+    condition=models.Q(('fair_at__isnull', False), ('status', 'scheduled')),
+    fields=['fair_key', 'fair_at'],
+    name='pgbus_wf_step_fair_key',
+)
+
+
+def forwards(apps, schema_editor):
+    model = apps.get_model('pgbus_workflows', 'workflowstep')
+    schema.create_index(schema_editor, model, FAIR)
+    schema.create_index(schema_editor, model, FAIR_KEY)
+
+
+def backwards(apps, schema_editor):
+    schema.drop_indexes(schema_editor, [FAIR_KEY.name, FAIR.name])
+
+
+class Migration(migrations.Migration):
+
+    atomic = False
+
+    dependencies = [
+        ('pgbus_workflows', '0024_step_hours'),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name='workflowstep',
+            name='fair_at',
+            field=models.DateTimeField(blank=True, null=True, verbose_name='fair order'),
+        ),
+        migrations.AddField(
+            model_name='workflowstep',
+            name='fair_key',
+            field=models.CharField(blank=True, max_length=255, null=True, verbose_name='fairness key'),
+        ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddIndex(model_name='workflowstep', index=FAIR),
+                migrations.AddIndex(model_name='workflowstep', index=FAIR_KEY),
+            ],
+            database_operations=[migrations.RunPython(forwards, backwards)],
+        ),
+    ]

@@ -2,7 +2,7 @@
 # its key and its place in the claims' order (``fair_at``). Two partial indexes hold only such
 # steps: the claimable ones in fair order (a claim of a catalog with fairness reads them beside
 # the due index), and each key's waiting ones (where its next step goes). Steps of other classes
-# enter neither. The columns are nullable (code older than them still inserts steps, NULL); the
+# enter neither. The columns have database defaults (code older than them still inserts steps); the
 # indexes are built CONCURRENTLY, hence atomic = False. Code older than this claims every step
 # through the due index, in due order, as before.
 
@@ -49,7 +49,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='workflowstep',
             name='fair_key',
-            field=models.CharField(blank=True, max_length=255, null=True, verbose_name='fairness key'),
+            field=models.CharField(blank=True, db_default='', default='', max_length=255, verbose_name='fairness key'),
         ),
         migrations.SeparateDatabaseAndState(
             state_operations=[

@@ -263,9 +263,9 @@ class WorkflowStep(models.Model):
     parked_on = models.CharField(_("parked on"), max_length=300, blank=True, default="", db_default="")
     #: A step of a class with ``Fairness``, scheduled due at once: its key, and its place in the
     #: claims' order (its due time, or a quantum / weight after its key's last waiting step,
-    #: whichever is later: ``sql.fairness``). NULL for every other step, which the claim
-    #: orders by its due time.
-    fair_key = models.CharField(_("fairness key"), max_length=255, null=True, blank=True)
+    #: whichever is later: ``sql.fairness``). Empty and NULL for every other step, which the
+    #: claim orders by its due time. The database's own default keeps older code's inserts working.
+    fair_key = models.CharField(_("fairness key"), max_length=255, blank=True, default="", db_default="")
     fair_at = models.DateTimeField(_("fair order"), null=True, blank=True)
     #: Set on a fan-out attempt: how many jobs it opened.
     fan_out_total = models.PositiveIntegerField(_("fan-out jobs"), null=True, blank=True)

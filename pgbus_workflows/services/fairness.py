@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import sql
 from ..dsl.fairness import fair_tag
 from ..models import WorkflowRun, WorkflowStep
 from ..sql.bulk import WriteBatch
-
-if TYPE_CHECKING:
-    from .ledger import RunLedger
 
 #: One run's scheduled attempt to tag: ``(run key, fairness key, spacing)``.
 Tag = tuple[int, str, timedelta]
@@ -51,8 +48,8 @@ def write(items: list[Tag], writes: WriteBatch | None = None) -> None:
         sql.run_batch([tag_statement(items)])
 
 
-def tag(ledger: RunLedger, step: WorkflowStep) -> None:
-    """Tag ``step``, which ``ledger`` just scheduled, when its class has fairness and it is due at once."""
+def tag(ledger: Any, step: WorkflowStep) -> None:
+    """Tag ``step``, which ``ledger`` (a ``RunLedger``) just scheduled, if its class has fairness and it is due now."""
     found = place(ledger.cls, step, ledger.run, ledger.now, lambda: ledger.cls(ledger.run))
     if found is not None:
         write([found], ledger.writes)

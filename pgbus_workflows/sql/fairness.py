@@ -55,7 +55,5 @@ def fair_priority(due_scan: str, fair_scan: str, limit: str) -> str:
     by place (``fair_at``, or the due time of an untagged step), the first ``limit`` kept:
     steps locked and left out are let go at the commit, untouched.
     """
-    merged = (
-        f"SELECT * FROM ({due_scan}) d0 WHERE d0.fair_at IS NULL UNION ALL SELECT * FROM ({fair_scan}) f0"
-    )
+    merged = f"SELECT * FROM ({due_scan}) d0 WHERE d0.fair_at IS NULL UNION ALL SELECT * FROM ({fair_scan}) f0"
     return f"SELECT u.* FROM ({merged}) u ORDER BY COALESCE(u.fair_at, u.scheduled_at), u.step_key LIMIT {limit}"

@@ -3,15 +3,16 @@
 import pytest
 from django.db import connection
 
-from pgbus_workflows import Fairness
+from pgbus_workflows import Concurrency, Fairness, hold_class, release_class
 from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.dsl.fairness import FAIR_QUANTUM
 from pgbus_workflows.exceptions import ConfigurationError
-from pgbus_workflows.models import WorkflowStep
+from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.sql.claiming import claim_steps
 from pgbus_workflows.sql.statements import columns
+from tests.sql.test_claim_ranges import MORE_PAGES, pages_read, settle
 from tests.support import scheduled
 from tests.testapp.fair_workflows import TENANT_FAIRNESS, Tenanted
 
@@ -131,3 +132,76 @@ def test_a_fairness_is_checked_where_it_is_written():
         Fairness(key="")
     with pytest.raises(ConfigurationError):
         Fairness(key="x", weight=3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fair_claim_reads_no_more_behind_thousands_of_keys_and_one_keys_long_backlog(fair):
+    def claim():
+        return claim_due_steps(1, claimed_by="d")
+
+    Tenanted.start_many([{"arguments": {"tenant": "x"}} for _ in range(10)])
+    settle(WorkflowStep, WorkflowRun, FanOutJob)
+    alone = pages_read(claim, "AS step_key")
+    Tenanted.start_many([{"arguments": {"tenant": "big"}} for _ in range(5_000)])
+    Tenanted.start_many([{"arguments": {"tenant": f"t{n}"}} for n in range(2_000)])
+    settle(WorkflowStep, WorkflowRun, FanOutJob)
+    behind_them = pages_read(claim, "AS step_key")
+
+    assert behind_them - alone <= MORE_PAGES, (alone, behind_them)
+    assert len(claim()) == 1
+
+
+@pytest.mark.django_db
+def test_priority_comes_before_the_keys_turns(fair):
+    _start("a", 3)
+    [urgent] = _start("a", 1)
+    WorkflowStep.objects.filter(pk=scheduled(urgent).pk).update(priority=-1)
+    _start("b", 1)
+
+    assert _claim(1)[0].run_id == urgent.record.pk
+
+
+@pytest.mark.django_db
+def test_a_key_with_nothing_waiting_starts_again_from_its_due_time(fair):
+    _start("a", 3)
+    _claim(3)
+
+    [again] = _start("a", 1)
+
+    step = scheduled(again)
+    assert step.fair_at == step.scheduled_at
+
+
+@pytest.mark.django_db
+def test_a_bad_key_or_weight_at_start_is_a_value_error_and_nothing_is_written(monkeypatch):
+    monkeypatch.setattr(Tenanted, "fairness", Fairness(key=lambda wf: wf.arguments["missing"]))
+    with pytest.raises(ValueError, match=r"tenanted\.first: the Fairness key callable raised KeyError"):
+        Tenanted.start(tenant="a")
+    monkeypatch.setattr(Tenanted, "fairness", Fairness(key="k", weight=lambda key: 0))
+    with pytest.raises(ValueError, match="weight must be an integer from 1 to 1000000"):
+        Tenanted.start(tenant="a")
+
+    assert not WorkflowRun.objects.filter(workflow_class=Tenanted.name).exists()
+
+
+@pytest.mark.django_db
+def test_a_held_class_is_not_claimed_and_its_steps_are_claimed_by_their_places_on_release(fair):
+    _start("a", 3)
+    late = _start("b", 1)
+    hold_class(Tenanted, actor="ops", reason="down")
+
+    assert _claim(10) == []
+    release_class(Tenanted, actor="ops")
+
+    claimed = _claim(2)
+    assert late[0].record.pk in [step.run_id for step in claimed]
+
+
+@pytest.mark.django_db
+def test_a_full_concurrency_key_holds_its_steps_back_and_the_next_key_in_turn_is_taken(fair, monkeypatch):
+    monkeypatch.setattr(Tenanted, "concurrency", Concurrency(key=lambda wf: f"c:{wf.arguments['tenant']}", limit=1))
+    _start("a", 4)
+    _start("b", 1)
+    _start("c", 1)
+
+    assert sorted(_tenants(_claim(10))) == ["a", "b", "c"]  # one of a's, its key full after it

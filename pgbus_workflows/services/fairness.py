@@ -4,9 +4,9 @@ The key and its weight are evaluated when the step is scheduled (``dsl.fairness.
 the place is written in the caller's transaction, after the step's row (``sql`` ``tag_fair``):
 with a batch of units (the dispatcher's outcomes), in the batch's one statement for every
 unit's steps, so an outcome of a class with fairness costs no round trip of its own. A step
-scheduled for later (a wait, a backoff, a debounce) or handed straight to the worker that ran
-the step before it is not tagged: the claim orders it by its due time, as a step of a class
-without fairness. Classes without fairness write nothing and read nothing.
+scheduled for later (a wait, a backoff, a debounce) gets its key only, and a claim places it
+when it comes due; a step handed straight to the worker that ran the step before it is not
+tagged (it is not claimed). Classes without fairness write nothing and read nothing.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ Tag = tuple[int, str, timedelta]
 
 
 def place(cls: Any, step: WorkflowStep, run: WorkflowRun, now: datetime, handle: Callable[[], Any]) -> Tag | None:
-    """What to tag ``step`` of ``run`` with (None: its class has no fairness, it is due later, or no PostgreSQL)."""
-    if getattr(cls, "fairness", None) is None or step.scheduled_at > now or not sql.postgresql():
+    """What to tag ``step`` of ``run`` with (None: its class has no fairness, or no PostgreSQL)."""
+    if getattr(cls, "fairness", None) is None or not sql.postgresql():
         return None
     found = fair_tag(cls, step.step_name, handle)
     return None if found is None else (run.pk, *found)
@@ -49,7 +49,7 @@ def write(items: list[Tag], writes: WriteBatch | None = None) -> None:
 
 
 def tag(ledger: Any, step: WorkflowStep) -> None:
-    """Tag ``step``, which ``ledger`` (a ``RunLedger``) just scheduled, if its class has fairness and it is due now."""
+    """Tag ``step``, which ``ledger`` (a ``RunLedger``) just scheduled, if its class has fairness."""
     found = place(ledger.cls, step, ledger.run, ledger.now, lambda: ledger.cls(ledger.run))
     if found is not None:
         write([found], ledger.writes)

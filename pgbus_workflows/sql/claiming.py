@@ -60,7 +60,8 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, fair
 
     ``fair`` (a catalog with a class with ``Fairness``): each priority's due range is merged
     with its tagged steps in fair order (``sql.fairness.fair_priority``), and the steps are
-    taken by place (``fair_at``, or an untagged step's due time). Without it, the statement
+    taken by place (``fair_at``, or an untagged step's due time); the steps of its keys that
+    came due after a wait are placed (``sql.fairness.came_due``). Without it, the statement
     is the one of a catalog that never heard of fairness, to the byte.
     """
     steps, runs, events = table(conn, WorkflowStep), table(conn, WorkflowRun), table(conn, WorkflowEvent)
@@ -172,6 +173,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, fair
         f"due AS ({due}), known AS ({known}), runnable AS ({runnable}), "
         f"taken AS ({limiting.take(conn, 'runnable', at)}), attempts AS ({attempts}), moved AS ({moved}), "
         f"started AS ({started}), {limiting.park(conn, at, 'due', limit='%(limit)s')}, {limiting.unpark(conn, at)}, "
+        f"{fairness.came_due(conn, at, 'due', '%(limit)s') + ', ' if fair else ''}"
         f"ahead AS ({ahead}) "
         f"SELECT {head}, {columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
         "FROM ahead LEFT JOIN due ON true "

@@ -2,7 +2,9 @@
 
 A step of a class with ``Fairness`` scheduled due at once is tagged (:func:`tag_fair`): it
 stores its key and ``fair_at``, its due time or one spacing (a quantum divided by the key's
-weight) after the last tagged step of its key still waiting, whichever is later. No row per
+weight) after the last tagged step of its key still waiting, whichever is later. A step
+scheduled for later stores its key alone, and is placed at its due time by a claim once it
+comes due (:func:`came_due`). No row per
 key, no lock of its own: the key's last waiting step is one descent of the partial index
 ``pgbus_wf_step_fair_key``. A claim whose catalog has a class with fairness reads the tagged
 claimable steps of a priority in that order (the partial index ``pgbus_wf_step_fair``) beside
@@ -26,7 +28,7 @@ def tag_fair(conn: Any) -> str:
     """Tag the scheduled attempts of some runs with their fairness key and place (PostgreSQL).
 
     Placeholders: arrays of run keys, fairness keys and spacings (intervals), one item per run
-    whose scheduled attempt was just written, due at once. Several runs of one key in one
+    whose scheduled attempt was just written (one due later gets its key, no place yet). Several runs of one key in one
     statement take places one spacing apart, in run order. An attempt tagged already, or no
     longer scheduled (claimed since), is left as it is.
     """
@@ -39,10 +41,34 @@ def tag_fair(conn: Any) -> str:
         "AND p.fair_at IS NOT NULL) AS at FROM (SELECT DISTINCT key FROM v) k"
     )
     place = "GREATEST(s.scheduled_at, COALESCE(l.at, s.scheduled_at - r.spacing) + r.n * r.spacing)"
+    # A step due later keeps no place: a claim gives it one when it comes due (:func:`came_due`).
+    place = f"CASE WHEN s.scheduled_at <= s.created_at THEN {place} END"
     return (
         f"WITH v AS ({given}), ranked AS ({ranked}), last AS ({last}) "
         f"UPDATE {steps} s SET fair_key = r.key, fair_at = {place} FROM ranked r JOIN last l ON l.key = r.key "
         f"WHERE s.run_id = r.run AND s.status = {scheduled} AND s.fair_at IS NULL"
+    )
+
+
+def came_due(conn: Any, at: str, exclude: str, limit: str) -> str:
+    """CTE ``came_due``: the first steps of classes with fairness that came due after a wait, placed at their due time.
+
+    Read through the partial index of keyed steps with no place (``pgbus_wf_step_fair_later``:
+    a step scheduled for later, a wait, a backoff, a debounce), at most ``limit``, ``SKIP
+    LOCKED``; ``exclude`` (a CTE with ``step_key``): the steps this statement claims, left as
+    they are. Placed at its due time, a step that waited is taken in turn with the keys'
+    first waiting steps by the next claim (this statement's snapshot does not see the place).
+    """
+    steps = table(conn, WorkflowStep)
+    first = (
+        f"SELECT y.id FROM {steps} y WHERE y.status = {literal(StepStatus.SCHEDULED)} AND y.fair_key > '' "
+        f"AND y.fair_at IS NULL AND NOT y.held AND NOT y.parked AND y.scheduled_at <= {at} "
+        f"AND y.id NOT IN (SELECT step_key FROM {exclude}) ORDER BY y.scheduled_at LIMIT {limit} "
+        "FOR UPDATE OF y SKIP LOCKED"
+    )
+    return (
+        f"came_due AS (UPDATE {steps} s SET fair_at = s.scheduled_at "
+        f"WHERE s.id = ANY(ARRAY({first})) AND s.fair_at IS NULL RETURNING s.id)"
     )
 
 

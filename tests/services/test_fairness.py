@@ -1,5 +1,7 @@
 """Fairness: claims take the due steps of several keys in turn (weighted), across dispatchers, with no per-key scan."""
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 
@@ -10,6 +12,8 @@ from pgbus_workflows.exceptions import ConfigurationError
 from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step
+from pgbus_workflows.services.start import start_run
+from pgbus_workflows.sql import clock
 from pgbus_workflows.sql.claiming import claim_steps
 from pgbus_workflows.sql.statements import columns
 from tests.sql.test_claim_ranges import MORE_PAGES, pages_read, settle
@@ -205,3 +209,17 @@ def test_a_full_concurrency_key_holds_its_steps_back_and_the_next_key_in_turn_is
     _start("c", 1)
 
     assert sorted(_tenants(_claim(10))) == ["a", "b", "c"]  # one of a's, its key full after it
+
+
+@pytest.mark.django_db
+def test_a_step_that_comes_due_after_a_wait_is_placed_by_a_claim_and_taken_in_turn(fair):
+    _start("a", 30)
+    later = start_run(Tenanted, None, arguments={"tenant": "b"}, delay=timedelta(minutes=5))
+    step = scheduled(later)
+    assert (step.fair_key, step.fair_at) == ("tenant:b", None)  # its key alone: no place while it waits
+    WorkflowStep.objects.filter(pk=step.pk).update(scheduled_at=clock.now())  # as if its five minutes had passed
+
+    assert _tenants(_claim(2)) == ["a", "a"]  # a's first two; the claim places b's step, due now
+    step = scheduled(later)
+    assert step.fair_at == step.scheduled_at
+    assert _tenants(_claim(1)) == ["b"]  # before a's third, placed a quantum after a's second

@@ -1,6 +1,7 @@
 """``Fairness``: claims take the due steps of several keys in turn, weighted, not in due order alone (no ORM).
 
-A class declares ``fairness = Fairness(key=..., weight=...)``. When one of its steps is
+A class declares ``fairness = Fairness(key=..., weight=...)`` (a step ``@step(fairness=...)``,
+in place of its class's, for that step). When one of its steps is
 scheduled due at once, its key (and the key's weight) is evaluated (:func:`fair_tag`) and
 the step is given a place in the claims' order (``WorkflowStep.fair_at``, written by
 ``sql.fairness``): its due time, or one quantum divided by the weight after the last step
@@ -60,6 +61,19 @@ def check_fairness_option(value: Any, where: str) -> Fairness | None:
     raise ConfigurationError(f"{where} must be a Fairness, got {value!r}")
 
 
+def declared_fairness(cls: Any, step_name: str) -> Fairness | None:
+    """The ``Fairness`` a step of ``cls`` is under: the step's own (``@step(fairness=...)``), else the class's."""
+    definition = cls.step_definition(step_name) if hasattr(cls, "step_definition") else None
+    own = getattr(definition, "fairness", None)
+    return own if own is not None else getattr(cls, "fairness", None)
+
+
+def has_fairness(cls: Any) -> bool:
+    """Whether ``cls`` or one of its steps declares ``Fairness``."""
+    steps = getattr(cls, "_step_definitions", ())
+    return getattr(cls, "fairness", None) is not None or any(s.fairness is not None for s in steps)
+
+
 def fair_tag(cls: Any, step_name: str, handle: Callable[[], Any]) -> tuple[str, timedelta] | None:
     """``(key, spacing)`` of a step of ``cls`` about to be scheduled (None: the class has no fairness).
 
@@ -67,7 +81,7 @@ def fair_tag(cls: Any, step_name: str, handle: Callable[[], Any]) -> tuple[str, 
     class and the step when the key callable or the weight raises or returns something
     invalid: nothing is written.
     """
-    fairness = getattr(cls, "fairness", None)
+    fairness = declared_fairness(cls, step_name)
     if fairness is None:
         return None
     key: Any = fairness.key

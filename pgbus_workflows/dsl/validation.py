@@ -77,6 +77,7 @@ def _validate_limits(cls: type) -> None:
         where = f"{cls.__qualname__}.{definition.name}"
         check_limit_option(definition.concurrency, Concurrency, f"{where}: concurrency=")
         check_limit_option(definition.rate_limit, RateLimit, f"{where}: rate_limit=")
+        check_fairness_option(definition.fairness, f"{where}: fairness=")
 
 
 def _validate_names(cls: type) -> None:

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .. import sql
-from ..dsl.fairness import fair_tag
+from ..dsl.fairness import fair_tag, has_fairness
 from ..models import WorkflowRun, WorkflowStep
 from ..sql.bulk import WriteBatch
 
@@ -26,7 +26,7 @@ Tag = tuple[int, str, timedelta]
 
 def place(cls: Any, step: WorkflowStep, run: WorkflowRun, now: datetime, handle: Callable[[], Any]) -> Tag | None:
     """What to tag ``step`` of ``run`` with (None: its class has no fairness, or no PostgreSQL)."""
-    if getattr(cls, "fairness", None) is None or not sql.postgresql():
+    if not has_fairness(cls) or not sql.postgresql():
         return None
     found = fair_tag(cls, step.step_name, handle)
     return None if found is None else (run.pk, *found)

@@ -1,11 +1,12 @@
 """Fairness: claims take the due steps of several keys in turn (weighted), across dispatchers, with no per-key scan."""
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 
-from pgbus_workflows import Concurrency, Fairness, hold_class, release_class
+from pgbus_workflows import Concurrency, Fairness, Workflow, hold_class, release_class, step
 from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.dsl.fairness import FAIR_QUANTUM
 from pgbus_workflows.exceptions import ConfigurationError
@@ -87,8 +88,8 @@ def test_the_next_step_of_a_run_is_tagged_in_the_outcomes_batch(fair):
     _start("a", 3)
     [late] = _start("b", 1)
 
-    for step in _claim(4):
-        execute_step(step)  # each run's second step, scheduled due at once by the outcome
+    for claimed in _claim(4):
+        execute_step(claimed)  # each run's second step, scheduled due at once by the outcome
 
     second = scheduled(late)
     assert second.step_name == "second" and second.fair_key == "tenant:b" and second.fair_at is not None
@@ -223,3 +224,29 @@ def test_a_step_that_comes_due_after_a_wait_is_placed_by_a_claim_and_taken_in_tu
     step = scheduled(later)
     assert step.fair_at == step.scheduled_at
     assert _tenants(_claim(1)) == ["b"]  # before a's third, placed a quantum after a's second
+
+
+@pytest.mark.django_db
+def test_a_steps_own_fairness_takes_the_place_of_its_classs(fair, monkeypatch):
+    own = Fairness(key=lambda wf: f"step:{wf.arguments['tenant']}")
+    steps = tuple(replace(d, fairness=own) if d.name == "first" else d for d in Tenanted._step_definitions)
+    monkeypatch.setattr(Tenanted, "_step_definitions", steps)
+    monkeypatch.setattr(Tenanted, "fairness", None)
+
+    [wf] = _start("a", 1)
+
+    assert scheduled(wf).fair_key == "step:a"
+    execute_step(_claim(1)[0])
+    assert scheduled(wf).fair_key == ""  # the second step: no fairness of its own, none on the class
+
+
+def test_a_steps_fairness_is_checked_when_its_class_is_defined():
+    with pytest.raises(ConfigurationError, match="fairness= must be a Fairness"):
+
+        class Unfair(Workflow):
+            name = "unfair_option"
+            abstract = True
+
+            @step(fairness="tenant")
+            def only(self):
+                return None

@@ -3,7 +3,7 @@
 import pytest
 
 from pgbus_workflows.dsl.declared import registry
-from pgbus_workflows.models import Dispatcher, WorkflowRun
+from pgbus_workflows.models import Dispatcher, WorkflowRun, WorkflowStep
 from tests.procs import eventually
 from tests.testapp.fair_workflows import TENANT_FAIRNESS, Tenanted
 from tests.testapp.models import SideEffect
@@ -40,3 +40,6 @@ def test_a_tenant_with_few_runs_finishes_before_a_tenant_with_many_drains_across
     # In turn, small's ten runs end among the first forty or so; in due order they would end last (150 + 10).
     assert last_small < 60, f"small's last run finished {last_small + 1}th of {len(seconds)}"
     assert Dispatcher.objects.count() == 2
+    # Each step claimed once, by one dispatcher or the other: one attempt each, none stalled or repeated.
+    steps = WorkflowStep.objects.filter(run__workflow_class=Tenanted.name)
+    assert steps.count() == 320 and set(steps.values_list("attempt", "status").distinct()) == {(1, "completed")}

@@ -12,6 +12,7 @@ from .dsl.backoff import backoff
 from .dsl.debounce import Debounce
 from .dsl.decorators import fan_out, removed_step, step
 from .dsl.definitions import AttemptRoute, OnException
+from .dsl.fairness import Fairness
 from .dsl.jobs import Child, Job
 from .dsl.limits import Concurrency, RateLimit
 from .dsl.schedules import Schedule
@@ -72,6 +73,7 @@ __all__ = [
     "Concurrency",
     "ConfigurationError",
     "Debounce",
+    "Fairness",
     "FanOutFailed",
     "IdempotencyConflict",
     "InvalidTransition",

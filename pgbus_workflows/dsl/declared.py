@@ -22,6 +22,7 @@ from ..conf import settings
 from ..exceptions import ConfigurationError, StepNotDefined
 from .debounce import Debounce
 from .definitions import OnException, StepDefinition, ordered_steps, with_name
+from .fairness import Fairness
 from .limits import Concurrency, RateLimit
 from .schedules import Schedule
 from .validation import validate_class
@@ -175,6 +176,8 @@ class DeclaredWorkflow(metaclass=WorkflowMeta):
     concurrency: ClassVar[Concurrency | None] = None
     #: At most ``limit`` steps of a key started per period (``RateLimit``).
     rate_limit: ClassVar[RateLimit | None] = None
+    #: Claims take the due steps of several keys in turn, weighted (``Fairness``).
+    fairness: ClassVar[Fairness | None] = None
     #: Keep going when the subject row was deleted (otherwise the run is cancelled).
     allow_missing_subject: ClassVar[bool] = False
     #: An abstract class is not registered; its subclasses are.

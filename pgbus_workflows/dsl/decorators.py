@@ -137,6 +137,7 @@ def _build(func: Callable[..., Any], kind: str, options: dict[str, Any]) -> Step
         renamed_from=_check_renamed_from(options.get("renamed_from")),
         concurrency=options.get("concurrency"),
         rate_limit=options.get("rate_limit"),
+        fairness=options.get("fairness"),
         options=options,
     )
 
@@ -157,13 +158,14 @@ STEP_OPTIONS = frozenset(
         "renamed_from",
         "concurrency",
         "rate_limit",
+        "fairness",
     }
 )
 
 
 FAN_OUT_OPTIONS = frozenset(
     {"wait", "skip_if", "timeout", "on_exception", "max_reattempts", "queue", "priority", "renamed_from"}
-    | {"max_attempts", "backoff", "on_job_failure", "concurrency", "rate_limit"}
+    | {"max_attempts", "backoff", "on_job_failure", "concurrency", "rate_limit", "fairness"}
 )
 
 

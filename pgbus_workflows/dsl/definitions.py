@@ -181,6 +181,8 @@ class StepDefinition:
     #: ``Concurrency`` and ``RateLimit`` of this step (``dsl.limits``; checked with the class).
     concurrency: Any = None
     rate_limit: Any = None
+    #: ``Fairness`` of this step, in place of its class's (``dsl.fairness``; checked with the class).
+    fairness: Any = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -14,6 +14,7 @@ import json
 
 from ..exceptions import ConfigurationError
 from .declared import DeclaredWorkflow, registry
+from .fairness import has_fairness
 from .jobs import resolve_job
 
 #: In a class's known step names: it runs a step of any name (a durable function's checkpoints).
@@ -68,3 +69,15 @@ def catalog_json() -> str:
 
 
 _catalog_json: tuple[int, str] | None = None
+
+
+def any_fairness() -> bool:
+    """Whether a registered class declares ``Fairness`` (the claim then reads the fair order too)."""
+    global _any_fairness
+    if _any_fairness is None or _any_fairness[0] != registry.version:
+        found = any(has_fairness(cls) for cls in registry.classes())
+        _any_fairness = (registry.version, found)
+    return _any_fairness[1]
+
+
+_any_fairness: tuple[int, bool] | None = None

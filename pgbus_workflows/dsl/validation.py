@@ -11,6 +11,7 @@ import inspect
 from ..exceptions import ConfigurationError
 from .debounce import Debounce
 from .definitions import MAX_QUEUE_LENGTH, OnException, StepDefinition
+from .fairness import check_fairness_option
 from .limits import Concurrency, RateLimit, check_limit_option
 from .schedules import declared_schedules
 
@@ -86,11 +87,13 @@ def _validate_limits(cls: type) -> None:
     """``concurrency`` and ``rate_limit``, on the class and on each step, are a ``Concurrency`` and a ``RateLimit``."""
     check_limit_option(cls.__dict__.get("concurrency"), Concurrency, f"{cls.__qualname__}.concurrency")
     check_limit_option(cls.__dict__.get("rate_limit"), RateLimit, f"{cls.__qualname__}.rate_limit")
+    check_fairness_option(cls.__dict__.get("fairness"), f"{cls.__qualname__}.fairness")
     steps: tuple[StepDefinition, ...] = cls._step_definitions  # type: ignore[attr-defined]
     for definition in steps:
         where = f"{cls.__qualname__}.{definition.name}"
         check_limit_option(definition.concurrency, Concurrency, f"{where}: concurrency=")
         check_limit_option(definition.rate_limit, RateLimit, f"{where}: rate_limit=")
+        check_fairness_option(definition.fairness, f"{where}: fairness=")
 
 
 def _validate_names(cls: type) -> None:

@@ -261,6 +261,13 @@ class WorkflowStep(models.Model):
     #: due order (``sql.limiting``). The database's own default keeps older code's inserts working.
     parked = models.BooleanField(_("parked by a limit"), default=False, db_default=False)
     parked_on = models.CharField(_("parked on"), max_length=300, blank=True, default="", db_default="")
+    #: A step of a class with ``Fairness``: its key, and its place in the claims' order (its due
+    #: time, or a quantum / weight after its key's last waiting step, whichever is later:
+    #: ``sql.fairness``; a step scheduled for later is placed at its due time by a claim once
+    #: due). Empty and NULL for every other step, which the claim orders by its due time. The
+    #: database's own default keeps older code's inserts working.
+    fair_key = models.CharField(_("fairness key"), max_length=255, blank=True, default="", db_default="")
+    fair_at = models.DateTimeField(_("fair order"), null=True, blank=True)
     #: Set on a fan-out attempt: how many jobs it opened.
     fan_out_total = models.PositiveIntegerField(_("fan-out jobs"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
@@ -314,6 +321,26 @@ class WorkflowStep(models.Model):
                 fields=["scheduled_at"],
                 condition=Q(status=StepStatus.SCHEDULED, limiters__isnull=False, held=False, parked=False),
                 name="pgbus_wf_step_limited",
+            ),
+            # The claims of a catalog with ``Fairness``: the tagged claimable attempts in fair order.
+            models.Index(
+                fields=["priority", "fair_at", "scheduled_at", "id"],
+                condition=Q(status=StepStatus.SCHEDULED, fair_at__isnull=False, held=False, parked=False),
+                name="pgbus_wf_step_fair",
+            ),
+            # The keyed attempts scheduled for later, with no place yet: a claim places them as they come due.
+            models.Index(
+                fields=["scheduled_at"],
+                condition=Q(
+                    status=StepStatus.SCHEDULED, fair_at__isnull=True, fair_key__gt="", held=False, parked=False
+                ),
+                name="pgbus_wf_step_fair_later",
+            ),
+            # A key's last waiting tagged attempt (where its next one goes).
+            models.Index(
+                fields=["fair_key", "fair_at"],
+                condition=Q(status=StepStatus.SCHEDULED, fair_at__isnull=False),
+                name="pgbus_wf_step_fair_key",
             ),
             # The cancelled attempts that still hold slots (the sweep gives back a stalled one's).
             models.Index(fields=["stall_at"], condition=Q(holds_slots=True), name="pgbus_wf_step_holds_slots"),

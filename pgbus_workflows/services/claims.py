@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from .. import signals, sql
 from ..conf import settings
-from ..dsl.deploy import can_run_step, catalog_json
+from ..dsl.deploy import any_fairness, can_run_step, catalog_json
 from ..models import FanOutJob, HoldKind, WorkflowEvent, WorkflowHold, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
 from ..sql.claiming import ClaimRow, claim_parameters
@@ -199,7 +199,7 @@ def _claim_pass(
         unknown=unknown,
         event={a: rows.prepared(event, a, p, db) for a, p in rows.insert_columns(WorkflowEvent, leave_out=_FILLED_IN)},
     )
-    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction)
+    text = sql.statement("claim_steps", queues is not None, len(unknown), own_transaction, any_fairness())
     if own_transaction:
         found = sql.fetch_in_index_order(text, params)
     else:  # the setting would last until the caller's commit
@@ -222,7 +222,7 @@ def _claim_pass(
         step = rows.from_row(WorkflowStep, row.step)
         step.run = rows.from_row(WorkflowRun, row.run)
         claimed.append(step)
-    claimed.sort(key=lambda step: (step.priority, step.scheduled_at, step.pk))
+    claimed.sort(key=lambda step: (step.priority, step.fair_at or step.scheduled_at, step.pk))
     return claimed, passed_over, ahead, past_room, moved
 
 

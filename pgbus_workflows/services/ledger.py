@@ -29,7 +29,7 @@ from ..states import (
     step_event,
     unless_paused,
 )
-from . import limiting, transactions
+from . import fairness, limiting, transactions
 from .handle import attempt_route, handle_class
 from .lineage import end_parent_job, settle_after_commit
 from .payload import storable_text
@@ -234,6 +234,7 @@ class RunLedger:
         self.set_run(current_step=definition.name)
         if not chained:
             self._queues.add(queue)
+            fairness.tag(self, step)  # a class with Fairness: its place in the claims' order
         self.scheduled = step
         return step
 

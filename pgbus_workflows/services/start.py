@@ -20,6 +20,7 @@ from ..migrated import explain
 from ..models import WorkflowRun
 from ..sql import bulk, clock, rows
 from ..states import RunStatus
+from . import fairness
 from .debounce import collapse, debounced_key, lock_key, start_of_key
 from .duplicates import conflict, same_start
 from .ledger import RunLedger
@@ -187,8 +188,11 @@ def _insert(
         # lookup of the key first (a refused insert writes nothing and raises nothing).
         step = ledger.new_attempt(first, 1, resolve_wait(first.wait, 1) if delay is None else delay)
         event = ledger.new_event("started", **started)
+        fair = fairness.place(cls, step, record, now, lambda: cls(record))  # a bad key: nothing written
         if not rows.insert_run(record, step, event, (settings.NOTIFY_CHANNEL, step.queue)):
             return conflict(cls, subject_type, subject_id, idempotency_key, payload)
+        if fair is not None:  # a class with Fairness: the step's place, once the run has its key
+            fairness.write([(record.pk, *fair[1:])])
         ledger.send(signals.workflow_started, subject_type=subject_type, subject_id=subject_id)
         ledger.flush()  # only the after-commit signal is left to queue
         return cls(record)
@@ -350,6 +354,8 @@ def _insert_many(
     writes = bulk.WriteBatch()
     writes.inserts = [rows.clone(attempt, run_id=r.pk, limiters=bind_copy(cls, first, r, attempt)) for r in new]
     writes.rows = [rows.clone(started, run_id=record.pk, details=_started_details(record)) for record in new]
+    tags = [fairness.place(cls, attempt, r, now, lambda r=r: cls(r)) for r in new]  # type: ignore[misc]
+    fairness.write([found for found in tags if found is not None], writes)
     writes.notify.add(attempt.queue)
     if signals.workflow_started.has_listeners():
         sent = [(record.workflow_id, record.subject_type, record.subject_id) for record in new]

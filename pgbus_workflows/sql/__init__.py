@@ -28,7 +28,15 @@ from psycopg import postgres
 from psycopg.abc import Loader
 from psycopg.adapt import PyFormat
 
-from . import claiming, debouncing, limiting, replica, rollups, transactions  # noqa: F401  (register their statements)
+from . import (  # noqa: F401  (register their statements)
+    claiming,
+    debouncing,
+    fairness,
+    limiting,
+    replica,
+    rollups,
+    transactions,
+)
 from .statements import BUILDERS
 
 _cache: dict[tuple[str, str, str, tuple[Hashable, ...]], str] = {}

@@ -12,13 +12,13 @@ from typing import Any, NamedTuple
 
 from ..models import FanOutJob, HoldKind, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..states import JobStatus, RunStatus, StepStatus, check_run_transition, job_event, step_event
-from . import limiting
+from . import fairness, limiting
 from .holding import held_names
 from .statements import INDEX_PLANS, builds, column, columns, literal, pk, quote, table
 
 
 @builds("claim_steps")
-def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> str:
+def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, fair: bool = False) -> str:
     """Claim due attempts of ready runs in one statement (PostgreSQL): locked, moved, recorded, looked past.
 
     The due steps are read priority by priority, lowest first (:func:`priorities`), each
@@ -57,6 +57,12 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     a limiter with no room leave the due range (``parked``), so no claim walks a full key's
     waiting steps; each claim puts back the parked steps of keys with room again
     (``sql.limiting.unpark``), for the next claim to take.
+
+    ``fair`` (a catalog with a class with ``Fairness``): each priority's due range is merged
+    with its tagged steps in fair order (``sql.fairness.fair_priority``), and the steps are
+    taken by place (``fair_at``, or an untagged step's due time); the steps of its keys that
+    came due after a wait are placed (``sql.fairness.came_due``). Without it, the statement
+    is the one of a catalog that never heard of fairness, to the byte.
     """
     steps, runs, events = table(conn, WorkflowStep), table(conn, WorkflowRun), table(conn, WorkflowEvent)
     ready, performing = RunStatus.READY, RunStatus.PERFORMING
@@ -105,15 +111,26 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
     limits = (
         f", s.limiters, s.{step_col('priority')} AS priority, s.{step_col('scheduled_at')} AS scheduled_at, lim.room"
     )
+    if fair:
+        limits += f", s.{step_col('fair_at')} AS fair_at"
     lateral = f"CROSS JOIN LATERAL ({limiting.limiter_lateral(conn, at)}) lim "
-    of_priority = (
+    head = (
         f"SELECT s.{pk(conn, WorkflowStep)} AS step_key, r.{pk(conn, WorkflowRun)} AS run_key, "
         f"r.{run_col('workflow_class')} AS class_name, s.{step_col('step_name')} AS step_name{limits} "
         f"FROM {steps} s {lateral}CROSS JOIN LATERAL ({run}) r "
-        f"WHERE s.{step_col('priority')} = p.priority AND {' AND '.join(where)} "
+    )
+    of_priority = (
+        f"{head}WHERE s.{step_col('priority')} = p.priority AND {' AND '.join(where)} "
         f"ORDER BY s.{step_col('scheduled_at')}, s.{pk(conn, WorkflowStep)} "
         "LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED"
     )
+    if fair:
+        in_fair_order = (
+            f"{head}WHERE s.{step_col('priority')} = p.priority AND s.{step_col('fair_at')} IS NOT NULL "
+            f"AND {' AND '.join(where)} ORDER BY s.{step_col('fair_at')}, s.{step_col('scheduled_at')}, "
+            f"s.{pk(conn, WorkflowStep)} LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED"
+        )
+        of_priority = fairness.fair_priority(of_priority, in_fair_order, "%(limit)s")
     due = f"SELECT d.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) d LIMIT %(limit)s"
     # Of the steps of one key, those past its room are left for a later claim.
     runnable = f"SELECT * FROM known WHERE step_key NOT IN ({limiting.over_room('known')})"
@@ -156,6 +173,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool) -> s
         f"due AS ({due}), known AS ({known}), runnable AS ({runnable}), "
         f"taken AS ({limiting.take(conn, 'runnable', at)}), attempts AS ({attempts}), moved AS ({moved}), "
         f"started AS ({started}), {limiting.park(conn, at, 'due', limit='%(limit)s')}, {limiting.unpark(conn, at)}, "
+        f"{fairness.came_due(conn, at, 'due', '%(limit)s') + ', ' if fair else ''}"
         f"ahead AS ({ahead}) "
         f"SELECT {head}, {columns(conn, WorkflowRun, 'm.')}, {columns(conn, WorkflowStep, 'a.')} "
         "FROM ahead LEFT JOIN due ON true "

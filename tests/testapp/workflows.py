@@ -314,6 +314,7 @@ class Ticked(Workflow):
 from .async_workflows import AsyncPing  # noqa: E402, F401
 from .child_workflows import Abandoned, Forever, Many, Shipment, ShipOrder, ShipWhatever, SlowChild, Tree, Waiter  # noqa: E402, F401
 from .durable_workflows import durable_journey, durable_killed  # noqa: E402, F401
+from .fair_workflows import Tenanted  # noqa: E402, F401
 from .held_workflows import FreeWork, HeldSignalled, HeldWork  # noqa: E402, F401
 from .routed_workflows import durable_routed_processes  # noqa: E402, F401
 

@@ -59,7 +59,8 @@ def test_a_dispatcher_killed_between_the_last_end_and_the_resolution_leaves_it_t
         timeout=30,
         what="the next sweep pass to resolve the fan-out and the run to finish",
     )
-    assert "lost_fan_outs=1" in survivor.output()
+    # The sweep logs what it did once all its phases have run, after the resolution committed.
+    eventually(lambda: "lost_fan_outs=1" in survivor.output(), timeout=30, what="the sweep's summary line")
     step.refresh_from_db()
     assert step.output == {"total": 1, "succeeded": 1, "failed": 0}
     assert len(events_of(wf, "step_resolved")) == 1

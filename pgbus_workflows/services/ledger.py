@@ -244,8 +244,9 @@ class RunLedger:
         """An attempt of ``definition`` due after ``wait``, unsaved (:meth:`schedule` inserts one)."""
         queue, priority = attempt_route(self.cls, definition, self.run)
         carry = (
-            bool(definition.wait_for)
-            and retry_of is not None
+            retry_of is not None
+            # A wait step's, or a durable wait's whose signal came (or time ran out) before its attempt was lost.
+            and bool(definition.wait_for or retry_of.signal_id is not None or retry_of.timed_out)
             and retry_of.step_name == definition.name
             # A wait that itself timed out (on_timeout="pause") waits again when resumed.
             and not retry_of.error_class.endswith(WaitTimedOut.__name__)

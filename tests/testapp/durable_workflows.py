@@ -40,3 +40,26 @@ def durable_killed(ctx):
     ctx.step("before", _noted("before", 1))
     ctx.step("blocking", _blocks_until_released)
     return ctx.step("after", _noted("after", "done"))
+
+
+def _nothing():
+    """An empty checkpoint body: the benchmarks measure the engine, not the bodies."""
+    return None
+
+
+@durable(name="durable_noop3", allow_multiple=True)
+def durable_noop3(ctx):
+    """Three empty checkpoints: ``bench.durable``'s match for ``NoOp3``'s three empty steps."""
+    ctx.step("a", _nothing)
+    ctx.step("b", _nothing)
+    ctx.step("c", _nothing)
+
+
+@durable(name="durable_long", allow_multiple=True)
+def durable_long(ctx, checkpoints, park_every):
+    """``checkpoints`` empty checkpoints, parking (a sleep of 0) after every ``park_every``: each park replays them."""
+    for n in range(checkpoints):
+        ctx.step("c", _nothing)
+        if (n + 1) % park_every == 0:
+            ctx.sleep("park", 0)
+    return checkpoints

@@ -1,7 +1,7 @@
 """Chaos harness: SIGKILL dispatchers (and optionally restart PostgreSQL) while runs go on; check nothing is lost.
 
     .venv/bin/python bench/chaos.py [--runs 1000] [--dispatchers 3] [--kill-every 2] [--restart-postgres]
-                                    [--faults exit,nul,hang,skew | --faults all] [--schedule]
+                                    [--faults exit,nul,hang,skew | --faults all] [--schedule] [--durable N]
 
 It starts K dispatcher processes, starts N runs of ``ChaosWorkflow`` (tests/testapp/chaos_workflows.py:
 an atomic step that inserts a row, a step that records its ``step_idempotency_key``, a flaky
@@ -16,6 +16,9 @@ in five has a body that raises ``SystemExit`` (``exit``) and an output with a NU
 ``timeout=`` (``hang``); and with ``skew`` (Debian's faketime) one dispatcher's clock runs a
 minute ahead and another's a minute behind. ``--schedule`` adds an every-second schedule
 (``bench/chaos_schedule.py``): every tick must have exactly one run, none lost, all finished.
+``--durable N`` adds N runs of a durable function (``bench/chaos_durable.py``: loops of
+checkpoints, a branch, a sleep, a signal wait): every checkpoint recorded once, no body run
+twice but one in flight at a kill, every result right.
 The database is ``<DATABASE_URL name>_chaos``, made anew.
 ``run_chaos()`` is also called by the test suite in a short mode, on its test database.
 """
@@ -61,6 +64,8 @@ class ChaosReport:
     attempts: int = 0
     stalled: int = 0
     ticks: int = 0
+    durable: int = 0
+    reran: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
@@ -72,6 +77,8 @@ class ChaosReport:
             f"run statuses: {json.dumps(self.statuses, sort_keys=True)}",
             f"step attempts: {self.attempts} (stalled and reattempted: {self.stalled})",
         ]
+        if self.durable:
+            lines.append(f"durable runs: {self.durable}, checkpoint bodies run again after a kill: {self.reran}")
         if self.ticks:
             lines.append(f"schedule ticks fired: {self.ticks}, each once")
         if self.faults:
@@ -169,7 +176,7 @@ def _signal_round() -> None:
 
     signalled = WorkflowSignal.objects.values("run_id")
     runs = list(
-        WorkflowRun.objects.filter(workflow_class="chaos", status__in=["waiting", "ready", "performing"])
+        WorkflowRun.objects.filter(workflow_class__in=SIGNALLED, status__in=["waiting", "ready", "performing"])
         .exclude(pk__in=signalled)
         .values_list("pk", flat=True)[:200]
     )
@@ -178,6 +185,10 @@ def _signal_round() -> None:
             _deliver(run_pk)
         except NotOngoing:
             pass
+
+
+#: The classes whose runs get the signal "go": the step class and the durable function.
+SIGNALLED = ("chaos", "chaos_durable")
 
 
 def _deliver(run_pk: int) -> None:
@@ -204,19 +215,23 @@ def run_chaos(
     logs: Path | None = None,
     faults: frozenset[str] = frozenset(),
     schedule: bool = False,
+    durable: int = 0,
+    max_kills: int | None = None,
 ) -> ChaosReport:
     """Start the runs, kill dispatchers while they go, wait for the end, check. Django must be set up.
 
     ``faults``: any of :data:`FAULTS` (see the module docstring); ``schedule``: an every-second
-    schedule fires throughout (``bench/chaos_schedule.py``).
+    schedule fires throughout (``bench/chaos_schedule.py``); ``durable``: that many runs of a
+    durable function (``bench/chaos_durable.py``); ``max_kills``: the kills stop after that many
+    (a short run on a loaded machine, where dispatchers start slowly, still ends).
     """
     from django.db import connection
 
-    from bench import chaos_schedule
+    from bench import chaos_durable, chaos_schedule
     from pgbus_workflows.models import WorkflowRun
     from tests.testapp.chaos_workflows import ChaosWorkflow
 
-    report = ChaosReport(runs=runs)
+    report = ChaosReport(runs=runs, durable=durable)
     logs = logs or Path(tempfile.gettempdir()) / f"pgbus-chaos-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     unknown = set(faults) - set(FAULTS)
@@ -233,19 +248,20 @@ def run_chaos(
     try:
         for number in range(runs):
             ChaosWorkflow.start(faults=sorted(run_faults(number, faults)), lane=number % LANES)
+        chaos_durable.start(durable)
         signaller.start()
         next_kill = time.monotonic() + kill_every
         restarted = not restart
         while time.monotonic() - started < timeout:
             try:
-                ongoing = WorkflowRun.objects.ongoing().filter(workflow_class="chaos").count()
+                ongoing = WorkflowRun.objects.ongoing().filter(workflow_class__in=SIGNALLED).count()
             except Exception:
                 connection.close()
                 ongoing = -1
             if ongoing == 0:
                 break
             check_slots(report.violations)
-            if time.monotonic() >= next_kill:
+            if time.monotonic() >= next_kill and (max_kills is None or report.kills < max_kills):
                 pool.kill_one()
                 report.kills += 1
                 next_kill = time.monotonic() + kill_every
@@ -264,6 +280,7 @@ def run_chaos(
     report.seconds = time.monotonic() - started
     check(report)
     check_faults(report, faults, logs)
+    report.reran = chaos_durable.check(durable, report.violations)
     if ticking is not None:
         report.ticks = chaos_schedule.check(ticking, report.violations)
     return report
@@ -290,7 +307,7 @@ def check_faults(report: ChaosReport, faults: frozenset[str], logs: Path) -> Non
 
     v = report.violations
     hung = Counter(ChaosRecord.objects.filter(kind="hung").values_list("run_key", flat=True))
-    if len(hung) != report.runs or set(hung.values()) != {1}:
+    if report.runs and (len(hung) != report.runs or set(hung.values()) != {1}):
         v.append(f"the atomic hang_once row of {report.runs} runs: {sorted(Counter(hung.values()).items())}")
     expected = {"exit": "SystemExit", "nul": "pgbus_workflows.exceptions.PayloadNotSerializable"}
     for fault, step_name in (("exit", "exit_once"), ("nul", "nul_output_once"), ("hang", "hang_once")):
@@ -428,6 +445,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--faults", default="", help=f"comma-separated, of {', '.join(FAULTS)}; or all")
     parser.add_argument("--schedule", action="store_true", help="an every-second schedule fires throughout")
+    parser.add_argument("--durable", type=int, default=0, help="runs of a durable function, beside the others")
     args = parser.parse_args()
     faults = frozenset(FAULTS if args.faults == "all" else [f for f in args.faults.split(",") if f])
 
@@ -446,6 +464,7 @@ def main() -> int:
         args.timeout,
         faults=faults,
         schedule=args.schedule,
+        durable=args.durable,
     )
     print(report.summary())
     return 1 if report.violations else 0

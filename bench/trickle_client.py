@@ -1,6 +1,7 @@
 """The client side of ``bench.trickle``: a process that calls ``start()`` as a web tier would.
 
     python -m bench.trickle_client trickle --runs 2000   # NoOp3.start() back to back
+    python -m bench.trickle_client trickle --runs 2000 --workflow durable_noop3  # another class's
     python -m bench.trickle_client latency --samples 200 # Probe.start(), wait for it, 10 ms pause
     python -m bench.trickle_client cost --calls 500      # NoOp3.start() with no dispatcher running
     python -m bench.trickle_client many --runs 10000     # NoOp3.start_many(), three times
@@ -38,11 +39,14 @@ def warm_up() -> None:
         transaction.set_rollback(True)
 
 
-def trickle(runs: int) -> dict[str, Any]:
-    """``runs`` NoOp3 starts back to back (:func:`bench.calls.back_to_back`)."""
-    from tests.testapp.workflows import NoOp3
+def trickle(runs: int, workflow: str = "noop3") -> dict[str, Any]:
+    """``runs`` starts of the class registered as ``workflow`` back to back (:func:`bench.calls.back_to_back`)."""
+    from pgbus_workflows.dsl.declared import registry
 
-    return back_to_back(NoOp3.start, runs)
+    cls = registry.get(workflow)
+    if cls is None:
+        raise SystemExit(f"no workflow class registered as {workflow!r}")
+    return back_to_back(cls.start, runs)
 
 
 def latency(samples: int, pause: float = 0.01, poll: float = 0.002) -> dict[str, Any]:
@@ -132,14 +136,16 @@ def main() -> None:
     """Parse the mode, warm up, measure, print the JSON document."""
     parser = argparse.ArgumentParser(description=__doc__)
     modes = parser.add_subparsers(dest="mode", required=True)
-    modes.add_parser("trickle").add_argument("--runs", type=int, default=2000)
+    trickling = modes.add_parser("trickle")
+    trickling.add_argument("--runs", type=int, default=2000)
+    trickling.add_argument("--workflow", default="noop3", help="the registered name of the class started")
     modes.add_parser("latency").add_argument("--samples", type=int, default=200)
     modes.add_parser("cost").add_argument("--calls", type=int, default=500)
     modes.add_parser("many").add_argument("--runs", type=int, default=10_000)
     args = parser.parse_args()
     warm_up()
     if args.mode == "trickle":
-        result = trickle(args.runs)
+        result = trickle(args.runs, args.workflow)
     elif args.mode == "latency":
         result = latency(args.samples)
     elif args.mode == "many":

@@ -27,3 +27,13 @@ def test_short_chaos_run_with_every_fault_inside_the_process_keeps_every_promise
     assert report.violations == [], report.summary()
     assert report.statuses == {"finished": 60}
     assert report.faults["exit"] == report.faults["nul"] == 12 and report.faults["hang"] == 3
+
+
+def test_short_chaos_run_of_a_durable_function_keeps_every_promise(tmp_path):
+    report = run_chaos(
+        database_url(), runs=0, dispatchers=2, kill_every=3, timeout=240, logs=tmp_path, durable=20, max_kills=8
+    )
+
+    assert report.kills >= 1, "the harness must actually kill dispatchers"
+    assert report.violations == [], report.summary()
+    assert report.statuses == {} and report.durable == 20

@@ -5,6 +5,9 @@ engine from the inside on their first attempt: a body that raises ``SystemExit``
 with a NUL character, an atomic body that hangs past its ``timeout=``. Each is reattempted
 (by the class policy, or as a stalled attempt) and passes the second time.
 
+``chaos_durable`` is the harness's durable function (``bench/chaos.py --durable``): a loop of
+checkpoints, a branch, a sleep and a wait for the signal the harness sends.
+
 Imported by the app's ready() so that dispatcher subprocesses know it.
 """
 
@@ -12,9 +15,10 @@ import asyncio
 import hashlib
 import os
 import threading
+import time
 from datetime import timedelta
 
-from pgbus_workflows import Child, Concurrency, Job, OnException, Workflow, fan_out, step
+from pgbus_workflows import Child, Concurrency, Job, OnException, Workflow, durable, fan_out, step
 from pgbus_workflows.exceptions import PayloadNotSerializable
 
 from .models import ChaosRecord
@@ -125,3 +129,51 @@ class ChaosWorkflow(Workflow):
         _record("hung", str(self.workflow_id), f"attempt {self.attempt}")  # rolled back with a hung attempt
         if self._fault("hang"):
             threading.Event().wait(2.5)  # past the timeout: the database ends the session
+
+
+def _durable_body(ctx, value, pause: float = 0.02):
+    """A checkpoint body of :func:`chaos_durable`: one row per execution (key: its checkpoint), then ``value``.
+
+    It lingers a moment so that some kills land while a body is in flight.
+    """
+
+    def body():
+        _record("durable", ctx.workflow_id, ctx.step_idempotency_key)
+        time.sleep(pause)
+        return value
+
+    return body
+
+
+#: The signal the harness sends to the durable runs (the one the step class waits for too).
+DURABLE_SIGNAL = "go"
+
+
+@durable(name="chaos_durable", allow_multiple=True)
+def chaos_durable(ctx, pages):
+    """The chaos harness's durable function: a loop of checkpoints, a branch, a sleep, a signal wait.
+
+    Its result follows from ``pages`` and the signal's payload (``expected_durable_result``).
+    """
+    total = 0
+    for n in range(pages):
+        total += ctx.step("page", _durable_body(ctx, n))
+    side = "even" if total % 2 == 0 else "odd"
+    ctx.step(side, _durable_body(ctx, side))  # a branch on recorded data
+    ctx.sleep("breathe", timedelta(milliseconds=300))
+    go = ctx.wait_for(DURABLE_SIGNAL, timeout=timedelta(minutes=10))
+    done = ctx.step("finish", _durable_body(ctx, "done"))
+    return {"total": total, "side": side, "go": go, "done": done}
+
+
+def expected_durable_checkpoints(pages: int) -> list[str]:
+    """The checkpoints a run of :func:`chaos_durable` records, in order."""
+    side = "even" if sum(range(pages)) % 2 == 0 else "odd"
+    loop = ["page" if n == 0 else f"page#{n + 1}" for n in range(pages)]
+    return [*loop, side, "breathe", DURABLE_SIGNAL, "finish"]
+
+
+def expected_durable_result(pages: int, payload) -> dict:
+    """The result a run of :func:`chaos_durable` must finish with, given the signal's ``payload``."""
+    total = sum(range(pages))
+    return {"total": total, "side": "even" if total % 2 == 0 else "odd", "go": payload, "done": "done"}

@@ -77,3 +77,24 @@ def durable_map_killed(ctx):
     """A checkpoint, then a map whose job blocks until released (its dispatcher is killed meanwhile)."""
     ctx.step("before", _noted("before", 1))
     return ctx.map("work", blocks_until_released, ["a", "b"])
+def _nothing():
+    """An empty checkpoint body: the benchmarks measure the engine, not the bodies."""
+    return None
+
+
+@durable(name="durable_noop3", allow_multiple=True)
+def durable_noop3(ctx):
+    """Three empty checkpoints: ``bench.durable``'s match for ``NoOp3``'s three empty steps."""
+    ctx.step("a", _nothing)
+    ctx.step("b", _nothing)
+    ctx.step("c", _nothing)
+
+
+@durable(name="durable_long", allow_multiple=True)
+def durable_long(ctx, checkpoints, park_every):
+    """``checkpoints`` empty checkpoints, parking (a sleep of 0) after every ``park_every``: each park replays them."""
+    for n in range(checkpoints):
+        ctx.step("c", _nothing)
+        if (n + 1) % park_every == 0:
+            ctx.sleep("park", 0)
+    return checkpoints

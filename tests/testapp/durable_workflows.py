@@ -77,6 +77,8 @@ def durable_map_killed(ctx):
     """A checkpoint, then a map whose job blocks until released (its dispatcher is killed meanwhile)."""
     ctx.step("before", _noted("before", 1))
     return ctx.map("work", blocks_until_released, ["a", "b"])
+
+
 def _nothing():
     """An empty checkpoint body: the benchmarks measure the engine, not the bodies."""
     return None

@@ -37,6 +37,7 @@ from ..exceptions import ConfigurationError, PayloadNotSerializable, PayloadTooL
 from ..models import WorkflowSchedule
 from ..services import schedules as verbs
 from ..sql import clock
+from ..workflow import Workflow
 from .display import change_url, changelist_url, status_badge
 from .forms import ReasonForm
 
@@ -182,7 +183,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         """Store the schedule through ``add_schedule``, as user code would."""
-        cls = registry.class_for(form.cleaned_data["workflow_class"])
+        cls = registry.get(form.cleaned_data["workflow_class"]) or Workflow
         try:
             row = verbs.add_schedule(cls, form.schedule, actor=request.user.get_username())
         except (ValueError, PayloadTooLarge, PayloadNotSerializable) as error:

@@ -44,9 +44,6 @@ class WorkflowRegistry:
         #: Classes first defined after the app registry was ready (not by autodiscovery, nor by
         #: an app's ``ready()``): a dispatcher, which imports only those, may not know them.
         self._late: set[str] = set()
-        #: The bare ``Workflow``, set by ``workflow/__init__.py`` so the layers below never import it:
-        #: what a run whose class is gone loads as, and the names a step may not hide.
-        self.fallback: type[DeclaredWorkflow] | None = None
         #: Changes whenever a class is registered or forgotten (what depends on the set of classes caches by it).
         self.version = 0
 
@@ -90,13 +87,6 @@ class WorkflowRegistry:
         """The class registered under ``name``, or None when it is gone."""
         return self._registry.get(name)
 
-    def class_for(self, name: str) -> type[DeclaredWorkflow]:
-        """The class registered under ``name``, or the bare ``Workflow`` (``fallback``) when it is gone."""
-        found = self._registry.get(name) or self.fallback
-        if found is None:
-            raise NotRegistered(f"No workflow class is registered as {name!r}")
-        return found
-
     def classes(self) -> list[type[DeclaredWorkflow]]:
         """Every registered class, by name."""
         return [self._registry[name] for name in sorted(self._registry)]
@@ -138,12 +128,6 @@ class WorkflowMeta(type):
         cls = super().__new__(mcs, name, bases, dict(namespace), **kwargs)
         own = [with_name(v, key) for key, v in namespace.items() if isinstance(v, StepDefinition)]
         base = next((b for b in bases if isinstance(b, WorkflowMeta)), None)
-        framework = registry.fallback
-        for definition in own:
-            if base is not None and framework is not None and hasattr(framework, definition.name):
-                raise ConfigurationError(
-                    f"Step {definition.name!r} in {name} would hide Workflow.{definition.name}: choose another name"
-                )
         for definition in own:
             setattr(cls, definition.name, definition)
         parent_steps: tuple[StepDefinition, ...] = getattr(cls, "_step_definitions", ())

@@ -124,9 +124,13 @@ def attempt_route(cls: type[RunHandle], definition: StepDefinition, run: Workflo
     return AttemptRoute(*route)
 
 
-def handle_class(name: str) -> type[RunHandle]:
-    """The class registered as ``name`` (a run's ``workflow_class``), or the bare ``Workflow`` when it is gone."""
-    cls = registry.class_for(name)
+def handle_class(name: str, gone: type[RunHandle] = RunHandle) -> type[RunHandle]:
+    """The class registered as ``name`` (a run's ``workflow_class``), or ``gone`` when that class is gone.
+
+    The engine handles a run of a gone class as a bare ``RunHandle``; ``workflow.handle_for``
+    passes the bare ``Workflow``, so users get its verbs.
+    """
+    cls = registry.get(name) or gone
     if not issubclass(cls, RunHandle):
         raise ConfigurationError(
             f"{cls.__module__}.{cls.__qualname__} is registered as {name!r} "

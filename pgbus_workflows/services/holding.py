@@ -87,7 +87,9 @@ def queue_name(name: str) -> str:
 
 def _class_queues(name: str) -> list[str]:
     """The queues the steps of class ``name`` go to (their dispatchers are woken on release)."""
-    cls = registry.class_for(name)
+    cls = registry.get(name)
+    if cls is None:
+        return []
     default = cls.step_options.get("queue") or settings.DEFAULT_QUEUE
     return sorted({definition.queue or default for definition in cls.step_definitions()})
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 from django.core.exceptions import ValidationError
 
-from ..dsl.declared import registry
+from ..dsl.definitions import StepDefinition
 from ..dsl.schedules import Schedule
+from ..exceptions import ConfigurationError
 from ..services.handle import RunHandle, handle_class
 from .asynchronous import AsyncCalls
 from .family import RunFamily
@@ -51,6 +52,15 @@ class Workflow(AsyncCalls, RunVerbs, RunFamily, RunHandle):
         self._outputs: dict[str, Any] | None = None
 
     steps = _StepsAccessor()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a step named after one of ``Workflow``'s own attributes: it would hide that attribute."""
+        for key, value in vars(cls).items():
+            if isinstance(value, StepDefinition) and hasattr(Workflow, key):
+                raise ConfigurationError(
+                    f"Step {key!r} in {cls.__name__} would hide Workflow.{key}: choose another name"
+                )
+        super().__init_subclass__(**kwargs)
 
     @classmethod
     def start(cls, subject: Model | None = None, *, idempotency_key: str | None = None, **arguments: Any) -> Self:
@@ -305,7 +315,4 @@ def handle_for(record: WorkflowRun) -> Workflow:
     """A handle of the run's registered class (the bare ``Workflow`` when that class is gone)."""
     # Every registered class that handle_class() accepts is a Workflow subclass: only Workflow's
     # subclasses are concrete (its bases set ``abstract``), and the registry holds no other.
-    return cast("Workflow", handle_class(record.workflow_class)(record))
-
-
-registry.fallback = Workflow
+    return cast("Workflow", handle_class(record.workflow_class, gone=Workflow)(record))

@@ -137,19 +137,20 @@ def test_an_abstract_class_cannot_start(db):
     assert WorkflowRun.objects.count() == 0
 
 
-def test_the_framework_bases_are_abstract_and_the_bare_workflow_is_the_fallback():
+def test_the_framework_bases_are_abstract_and_a_gone_class_loads_as_the_bare_base_of_its_layer():
     from pgbus_workflows.dsl.declared import DeclaredWorkflow
-    from pgbus_workflows.services.handle import RunHandle
+    from pgbus_workflows.services.handle import RunHandle, handle_class
 
     assert DeclaredWorkflow.abstract and RunHandle.abstract and Workflow.abstract
     names = {cls.__name__ for cls in registry.classes()}
     assert {"DeclaredWorkflow", "RunHandle", "Workflow"}.isdisjoint(names)
-    assert registry.fallback is Workflow
+    assert handle_class("reg_never_defined") is RunHandle  # the engine's handle
+    assert handle_class("reg_never_defined", gone=Workflow) is Workflow  # what workflow.handle_for passes
 
 
 def test_a_class_declared_without_workflow_is_refused_when_a_run_of_it_is_handled(db):
     from pgbus_workflows.dsl.declared import DeclaredWorkflow
-    from pgbus_workflows.services.handle import handle_class
+    from pgbus_workflows.services.handle import RunHandle, handle_class
 
     class Declared(DeclaredWorkflow):
         name = "reg_declared_only"
@@ -163,7 +164,7 @@ def test_a_class_declared_without_workflow_is_refused_when_a_run_of_it_is_handle
         with pytest.raises(ConfigurationError, match=r"is not a Workflow subclass: subclass pgbus_workflows.Workflow"):
             handle_class("reg_declared_only")
         assert handle_class(RegNamed.name) is RegNamed
-        assert handle_class("reg_gone_long_ago") is Workflow
+        assert handle_class("reg_gone_long_ago") is RunHandle
     finally:
         registry.unregister("reg_declared_only")
 

@@ -1,7 +1,7 @@
 """The comparison page's row for pgbus-workflows under "Workflows as code": every name it gives is there.
 
 docs/explanation/comparison.md. What each name does is held by its own tests (tests/functions,
-tests/functions/test_fork_surfaces.py, the virtual clock's in tests/dsl); this test fails when
+tests/functions/test_fork_surfaces.py, the virtual clock's in tests/faces/test_virtual_clock.py); this test fails when
 the row names something renamed or removed, or a name nothing here checks.
 """
 

@@ -20,11 +20,18 @@ from pgbus_workflows import Workflow
 from ..gallery.models import Album, Image
 from ..gallery.workflows import AlbumProcessing, GalleryImport
 from ..shop.models import CarrierBooking, Order
-from ..shop.workflows import OrderFulfilment, SalesReport
+from ..shop.workflows import OrderFulfilment, SalesReport, order_function
 from ..signup.models import Signup
 from ..signup.workflows import SignupDrip
 
-WORKFLOWS: tuple[type[Workflow], ...] = (SignupDrip, OrderFulfilment, AlbumProcessing, GalleryImport, SalesReport)
+WORKFLOWS: tuple[type[Workflow], ...] = (
+    SignupDrip,
+    OrderFulfilment,
+    order_function,
+    AlbumProcessing,
+    GalleryImport,
+    SalesReport,
+)
 ACTOR = "demo"
 #: The schedule the demo adds at run time (and pauses when its timeline is over).
 REPORT_SCHEDULE = "demo: every 2 seconds"
@@ -133,13 +140,13 @@ def _album(index: int, images: int, broken: int | None = None) -> Album:
     return album
 
 
-def _pay(order: Order, *, twice: bool = False) -> Callable[[], str]:
-    """The payment provider's webhook: one signal per payment, keyed by its reference."""
+def _pay(order: Order, *, twice: bool = False, workflow: type[Workflow] = OrderFulfilment) -> Callable[[], str]:
+    """The payment provider's webhook: one signal per payment, keyed by its reference, to ``workflow``'s run."""
 
     def deliver() -> str:
         reference = f"pi_{order.number.replace('-', '').lower()}"
         payload: dict[str, Any] = {"amount_cents": order.total_cents, "reference": reference}
-        signal = OrderFulfilment.signal_for(
+        signal = workflow.signal_for(
             order,
             "payment_received",
             payload=payload,
@@ -151,7 +158,7 @@ def _pay(order: Order, *, twice: bool = False) -> Callable[[], str]:
             return f"payment webhook: {order} paid, but its run is over: refund it"
         line = f"payment webhook: {order} paid {order.total_cents / 100:.2f} (signal payment_received)"
         if twice:
-            again = OrderFulfilment.signal_for(
+            again = workflow.signal_for(
                 order, "payment_received", payload=payload, idempotency_key=reference, actor="payment-webhook"
             )
             if again is not None and again.duplicate_delivery:
@@ -221,7 +228,11 @@ def quick(scenario: Scenario) -> None:
         scenario.at(0.2, _pay(paid_early))  # before the run waits: the signal waits for the step
         scenario.at(1.0, _pay(paid, twice=True))
         scenario.at(1.5, _pay(no_postcode))
-        return "4 orders: they wait for their payment (wait_for, wait_timeout); the carrier is flaky"
+        coded, coded_unpaid = _order(4), _order(5)
+        scenario.start(order_function, coded, f"{coded} (function)")
+        scenario.start(order_function, coded_unpaid, f"{coded_unpaid} (function)", story="never paid: released")
+        scenario.at(1.2, _pay(coded, workflow=order_function))
+        return "6 orders, 2 as a durable function: they wait for their payment; the carrier is flaky"
 
     def albums() -> str:
         offsite, products = _album(0, images=6, broken=4), _album(1, images=4)
@@ -261,15 +272,16 @@ def full(scenario: Scenario) -> None:
 
         def order(i: int = i) -> str:
             unpaid, no_postcode = i in (2, 7), i == 4
+            workflow = order_function if i in (1, 6, 9) else OrderFulfilment  # the same order, written as code
             placed = _order(i, postcode=not no_postcode)
             if unpaid:
                 scenario.start(OrderFulfilment, placed, str(placed), "cancelled", "never paid: wait_timeout")
             elif no_postcode:
                 scenario.start(OrderFulfilment, placed, str(placed), "paused", "no postcode: waits for an operator")
             else:
-                scenario.start(OrderFulfilment, placed, str(placed))
+                scenario.start(workflow, placed, str(placed) + (" (function)" if workflow is order_function else ""))
             if not unpaid:
-                scenario.at(4.0 * i + 0.5 + (i % 3), _pay(placed, twice=i == 5))
+                scenario.at(4.0 * i + 0.5 + (i % 3), _pay(placed, twice=i == 5, workflow=workflow))
             return f"{placed} placed ({placed.total_cents / 100:.2f})" + (" without a postcode" if no_postcode else "")
 
         scenario.at(4.0 * i + 0.5, order)

@@ -1,6 +1,7 @@
 """The order workflow: payment signal, its timeout, the flaky carrier, an operator's fix; the scheduled report."""
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from unittest import mock
 
 from django.contrib.auth.models import User
@@ -12,7 +13,7 @@ from pgbus_workflows.testing import WorkflowTestMixin
 
 from . import carrier
 from .models import CarrierBooking, Order, Payment
-from .workflows import OrderFulfilment, SalesReport
+from .workflows import OrderFulfilment, SalesReport, order_function
 
 PAYMENT = {"amount_cents": 4900, "reference": "pi_123"}
 
@@ -117,6 +118,58 @@ class OrderFulfilmentTests(WorkflowTestMixin, TestCase):
             self.deliver_signal(wf, "payment_received", {**PAYMENT, "amount_cents": 100})
         self.assertWorkflowStatus(wf, "paused")
         self.assertFalse(Payment.objects.exists())
+
+
+class OrderFunctionTests(WorkflowTestMixin, TestCase):
+    """The same order as a durable function: its checkpoints, its branch, the class's carrier policy."""
+
+    def waiting_for_payment(self, order: Order) -> Any:
+        wf = order_function.start(order)
+        self.perform_next_step(wf)  # reserve_stock, then the function parks at the wait
+        self.assertWorkflowStatus(wf, "waiting")
+        return wf
+
+    def test_a_paid_order_ships_after_the_carrier_timeouts_and_each_body_ran_once(self) -> None:
+        order = place()
+        wf = self.waiting_for_payment(order)
+        self.deliver_signal(wf, "payment_received", PAYMENT)
+        with self.assertLogs("pgbus_workflows", "INFO"):  # the carrier's timeouts, reattempted
+            self.speedrun_workflow(wf)
+        order.refresh_from_db()
+        message = f"Your order is on its way: {order.tracking_number}"
+        self.assertEqual(wf.result(), {"email": "bob@example.com", "message": message})
+        self.assertEqual(order.status, Order.Status.SHIPPED)
+        ship = wf.steps.filter(step_name="ship")
+        self.assertEqual(list(ship.values_list("outcome", flat=True)), ["reattempted", "reattempted", "success"])
+        booking = CarrierBooking.objects.get()  # one key for the checkpoint's three attempts
+        self.assertEqual((booking.idempotency_key, booking.calls), (f"{wf.workflow_id}:ship", 3))
+        self.assertEqual(Payment.objects.get().reference, "pi_123")  # capture_payment ran once, replayed after
+
+    def test_an_unpaid_order_is_released_when_the_timeout_passes(self) -> None:
+        order = place()
+        wf = self.waiting_for_payment(order)
+        self.advance(timedelta(days=1))  # the virtual clock: the wait's timeout is due, no sleeping
+        self.speedrun_workflow(wf)
+        self.assertEqual(wf.result(), {"released": "no payment before the timeout"})
+        order.refresh_from_db()
+        self.assertEqual(order.status, Order.Status.EXPIRED)
+        self.assertFalse(wf.steps.filter(step_name="ship").exists())
+
+    def test_an_order_without_a_postcode_pauses_at_ship_and_a_resume_runs_only_ship_again(self) -> None:
+        order = place(postcode="")
+        wf = self.waiting_for_payment(order)
+        with self.assertLogs("pgbus_workflows", "WARNING"):
+            self.deliver_signal(wf, "payment_received", PAYMENT)
+            self.speedrun_workflow(wf)
+        self.assertWorkflowStatus(wf, "paused")
+        self.assertIn("has no postcode", wf.record.paused_reason)
+        Order.objects.filter(pk=order.pk).update(postcode="10115")
+        wf.resume(actor="alice", reason="address fixed")
+        with self.assertLogs("pgbus_workflows", "INFO"):
+            self.speedrun_workflow(wf)
+        self.assertWorkflowStatus(wf, "finished")
+        self.assertEqual(wf.steps.filter(step_name="capture_payment").count(), 1)  # replayed, not run again
+        self.assertEqual(Payment.objects.count(), 1)
 
 
 class OrderAdminTests(TestCase):

@@ -3,14 +3,15 @@
 Shows ``wait_for=`` with ``wait_timeout=`` and ``on_timeout=`` (an unpaid order expires),
 ``self.received_signal`` and ``self.timed_out``, a class ``OnException`` reattempt policy
 for a flaky carrier (with ``backoff()`` and ``max_reattempts``), ``step_idempotency_key`` for a
-side effect, and the default policy (pause) for an error no retry can fix.
+side effect, and the default policy (pause) for an error no retry can fix. ``order_function`` is
+the same order written as a durable function: code with a branch, its checkpoints replayed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pgbus_workflows import OnException, Workflow, backoff, step
+from pgbus_workflows import OnException, Workflow, backoff, durable, step
 
 from ..durations import duration
 from .carrier import CarrierUnavailable, book_shipment
@@ -66,6 +67,48 @@ class OrderFulfilment(Workflow):
     def confirm(self) -> dict[str, str]:
         tracking = self.outputs["ship"]["tracking_number"]
         return {"email": self.subject.customer_email, "message": f"Your order is on its way: {tracking}"}
+
+
+def _set_status(order: Order, status: str) -> None:
+    Order.objects.filter(pk=order.pk).update(status=status)
+
+
+def _capture(order: Order, payment: dict[str, Any]) -> dict[str, Any]:
+    """Record the payment; a wrong amount raises, which pauses the run at this checkpoint."""
+    if payment["amount_cents"] != order.total_cents:
+        raise ValueError(f"{order} costs {order.total_cents} cents, the payment was {payment['amount_cents']}")
+    Payment.objects.get_or_create(
+        reference=payment["reference"], defaults={"order": order, "amount_cents": payment["amount_cents"]}
+    )
+    _set_status(order, Order.Status.PAID)
+    return {"reference": payment["reference"]}
+
+
+def _ship(order: Order, idempotency_key: str) -> str:
+    order.refresh_from_db()  # inside the checkpoint: an operator may have fixed the postcode since
+    tracking = book_shipment(order, idempotency_key=idempotency_key)
+    Order.objects.filter(pk=order.pk).update(status=Order.Status.SHIPPED, tracking_number=tracking)
+    return tracking
+
+
+@durable(name="shop_order_function", exception_policies=OrderFulfilment.exception_policies)
+def order_function(ctx: Any) -> dict[str, Any]:
+    """:class:`OrderFulfilment` written as code (the tutorial's part 9, with the example's carrier).
+
+    Each ``ctx.step`` is a checkpoint: run once, its return recorded and replayed whenever the
+    function runs again (after the wait, a reattempt, a resume). The class's carrier policy
+    reattempts ``ship``, whose idempotency key is the same on every attempt. An unpaid order
+    branches to ``release`` and the run finishes with that result (the class cancels instead).
+    """
+    order = ctx.subject
+    ctx.step("reserve_stock", lambda: _set_status(order, Order.Status.RESERVED))
+    payment = ctx.wait_for("payment_received", timeout=duration("payment_timeout"))
+    if payment is None:
+        ctx.step("release", lambda: _set_status(order, Order.Status.EXPIRED))
+        return {"released": "no payment before the timeout"}
+    ctx.step("capture_payment", lambda: _capture(order, payment))
+    tracking = ctx.step("ship", lambda: _ship(order, ctx.step_idempotency_key))
+    return {"email": order.customer_email, "message": f"Your order is on its way: {tracking}"}
 
 
 class SalesReport(Workflow):

@@ -30,7 +30,10 @@ StepName = Annotated[Name, Field(description="The step to resume at: one of the 
 #: The step a fork starts at.
 FromStep = Annotated[
     Name,
-    Field(description="The step the fork starts at: one of the run's class's steps (the steps before it are kept)."),
+    Field(
+        description="The step the fork starts at: one of the run's class's steps, or a checkpoint a durable "
+        "function's run reached (the steps before it are kept)."
+    ),
 ]
 #: A signal's name.
 SignalName = Annotated[Name, Field(description="The signal's name: one a step of the run's class waits for.")]

@@ -51,6 +51,7 @@ def test_the_quick_demo_ends_every_run_as_designed_on_sqlite(first_demo):
     assert out.splitlines()[0].startswith("pgbus-workflows demo on SQLite (")
     assert re.search(r"^  signup_drip +3 finished, 1 cancelled$", out, re.M), out  # steps, skip_if, cancel_if
     assert re.search(r"^  shop_order +2 finished, 1 cancelled, 1 paused$", out, re.M), out  # signals, timeout
+    assert re.search(r"^  shop_order_function +2 finished$", out, re.M), out  # a durable function: paid, released
     assert re.search(r"^  gallery_album +2 finished$", out, re.M), out  # fan-out
     assert re.search(r"^  gallery_import +1 finished$", out, re.M), out  # child workflows
     assert "Alan Turing's import: finished (2 child albums)" in out
@@ -60,7 +61,7 @@ def test_the_quick_demo_ends_every_run_as_designed_on_sqlite(first_demo):
     assert reports, out
     fired = int(reports.group(1))
     assert re.search(rf"the schedule fired {fired} sales report\(s\) \(ticks [0-9:, ]+\); paused it", out), out
-    expected = rf"^All {11 + fired} runs ended as designed: {8 + fired} finished, 2 cancelled, 1 paused\.$"
+    expected = rf"^All {13 + fired} runs ended as designed: {10 + fired} finished, 2 cancelled, 1 paused\.$"
     assert re.search(expected, out, re.M), out
     assert "images: 14 of 15 got a thumbnail" in out
     assert "\x1b[" not in out  # not a terminal: plain lines, no redrawing, no colour
@@ -73,7 +74,7 @@ def test_the_demo_runs_again_on_the_same_database(env, first_demo):
     assert result.returncode == 0, result.stdout + result.stderr
     fired = re.search(r"the schedule fired (\d+) sales report", first_demo.stdout)
     assert fired, first_demo.stdout
-    removed = f"Removed the sample data and the {13 + int(fired.group(1))} runs of an earlier demo."
+    removed = f"Removed the sample data and the {15 + int(fired.group(1))} runs of an earlier demo."
     assert removed in result.stdout, result.stdout
 
 

@@ -49,6 +49,12 @@ STATUSES_AFTER = {
     "OrderWorkflow.start(Order.objects.create(email='bob@example.com', total_cents=900))\"": ["finished", "paused"],
     "python manage.py shell -c \"from orders.models import Order; Order.objects.filter(address='').update("
     "address='2 Side Street')\"": ["finished", "finished"],
+    'python manage.py shell -c "from orders.models import Order; from orders.workflows import order_function; '
+    "order_function.start(Order.objects.create(email='cy@example.com', total_cents=1500, "
+    "address='3 High Street'))\"": ["finished", "finished", "waiting"],
+    'python manage.py shell -c "from orders.models import Order; from orders.workflows import order_function; '
+    "order_function.signal_for(Order.objects.get(email='cy@example.com'), 'payment_received', "
+    "{'amount_cents': 1500})\"": ["finished", "finished", "finished"],
 }
 
 
@@ -99,7 +105,8 @@ def test_the_tutorial_runs_as_written_in_a_new_project(tmp_path, database):
             caption, code = re.match(r":caption: ([^\n]+)\n\n(.*)", body, re.DOTALL).groups()
             path = project / caption.split(" ")[0]
             if caption.endswith("(added at the end)"):
-                path.write_text(path.read_text() + "\n" + code + database_override)
+                override = database_override if path.name == "settings.py" else ""
+                path.write_text(path.read_text() + "\n" + code + override)
             else:
                 path.write_text(code)
             continue
@@ -114,7 +121,15 @@ def test_the_tutorial_runs_as_written_in_a_new_project(tmp_path, database):
             checked.append(lines[0])
     assert Counter(skipped) == Counter(NOT_RUN)
     assert checked == list(STATUSES_AFTER)
-    assert re.search(r"^Ran 3 tests.*\n\nOK", outputs[-1], re.MULTILINE), outputs[-1]
+    assert re.search(r"^Ran 5 tests.*\n\nOK", outputs[-1], re.MULTILINE), outputs[-1]
+    show = outputs[-2]  # part 9's `workflows show` of the durable run: its checkpoints as steps, its result
+    checkpoints = re.findall(r"^  (\S+) +1  completed  success", show, re.MULTILINE)
+    assert checkpoints == ["reserve", "payment_received", "take_payment", "ship", "@function"], show
+    assert re.search(r"^  @function .*\{\"shipped_to\": \"3 High Street\"\}$", show, re.MULTILINE), show
     with psycopg.connect(dbname=database["NAME"], host=database["HOST"], user=database["USER"]) as conn:
         shipped = conn.execute("SELECT email, status, address FROM orders_order ORDER BY id").fetchall()
-    assert shipped == [("ann@example.com", "shipped", "1 Main Street"), ("bob@example.com", "shipped", "2 Side Street")]
+    assert shipped == [
+        ("ann@example.com", "shipped", "1 Main Street"),
+        ("bob@example.com", "shipped", "2 Side Street"),
+        ("cy@example.com", "shipped", "3 High Street"),
+    ]

@@ -6,9 +6,9 @@
 It starts K dispatcher processes, starts N runs of ``ChaosWorkflow`` (tests/testapp/chaos_workflows.py:
 an atomic step that inserts a row, a step that records its ``step_idempotency_key``, a flaky
 step reattempted by a policy, a step waiting for a signal that this process delivers, a
-fan-out of three jobs, a fan-out of two child runs). As soon as a body has run it SIGKILLs a random
-dispatcher and starts a new one, and again every ``--kill-every`` seconds. At the end it checks every promise and prints a summary; the exit status
-is non-zero on any violation.
+fan-out of three jobs, a fan-out of two child runs). As soon as a body has run it SIGKILLs a
+random dispatcher and starts a new one, and again every ``--kill-every`` seconds. At the end it
+checks every promise and prints a summary; the exit status is non-zero on any violation.
 
 ``--faults`` adds faults from inside the process, on top of the kills and the restart: one run
 in five has a body that raises ``SystemExit`` (``exit``) and an output with a NUL character

@@ -12,6 +12,7 @@ table's distinct values.
 from __future__ import annotations
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -72,15 +73,22 @@ def analyze() -> None:
             cursor.execute(f"ANALYZE {table}")
 
 
-@pytest.fixture
-def history():
-    with connection.cursor() as cursor:
-        for statement in FILL:
-            cursor.execute(statement, [HISTORY] if "%s" in statement else [])
-    order = Order.objects.create()
-    runs = {"paused": paused_on_error(order), "waiting": waiting(), "ready": ready()}
-    analyze()
-    return runs
+@pytest.fixture(scope="module")
+def history(django_db_setup, django_db_blocker):
+    """The history and the runs of interest, committed once for the module's tests, emptied after them.
+
+    Each test runs in a transaction rolled back at its end, so none sees another's changes.
+    """
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            for statement in FILL:
+                cursor.execute(statement, [HISTORY] if "%s" in statement else [])
+        order = Order.objects.create()
+        runs = {"paused": paused_on_error(order), "waiting": waiting(), "ready": ready()}
+        analyze()
+    yield runs
+    with django_db_blocker.unblock():
+        call_command("flush", verbosity=0, interactive=False)
 
 
 def plan_nodes(plan):

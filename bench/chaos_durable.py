@@ -7,7 +7,9 @@ checked from the rows once every run ended:
 
 - every checkpoint recorded once: one completed attempt per checkpoint name, the expected names;
 - no body run twice except one in flight at a kill: a checkpoint's body ran at most once more
-  than the number of its attempts that stalled (a killed dispatcher's attempts stall);
+  than the number of its attempts that stalled (a killed dispatcher's attempts stall; a
+  function's row, which takes a checkpoint's name only with its outcome, counts for the
+  checkpoint reached next after it stalled);
 - every run finished with the right result (from its ``pages`` and the signal's payload).
 """
 
@@ -49,12 +51,19 @@ def check(runs: int, violations: list[str]) -> int:
         violations.append(f"durable: not every run finished: {dict(statuses)}")
     completed: dict[int, list[str]] = defaultdict(list)
     stalled: dict[int, Counter[str]] = defaultdict(Counter)
+    unnamed: Counter[int] = Counter()  # stalled function rows not yet followed by a checkpoint's
     for run_pk, name, status, outcome in (
         WorkflowStep.objects.filter(run__workflow_class=CLASS)
-        .exclude(step_name=ENTRY)
         .order_by("pk")
         .values_list("run_id", "step_name", "status", "outcome")
     ):
+        if name == ENTRY:
+            if outcome == "stalled":
+                unnamed[run_pk] += 1
+            continue
+        # A function's row takes a checkpoint's name with its outcome: one stalled before was in
+        # flight in the checkpoint the function reached next, its retry.
+        stalled[run_pk][name] += unnamed.pop(run_pk, 0)
         if status == "completed" and outcome == "success":
             completed[run_pk].append(name)
         elif outcome == "stalled":

@@ -36,7 +36,7 @@ def take(step: WorkflowStep, name: str, definition: StepDefinition | None, attem
     limits (see the module).
     """
     renaming = step.step_name != name
-    if not renaming and (definition is None or _fits(step, definition)):
+    if not renaming and (definition is None or fits(step, definition)):
         return step
     with locked_step(step.run_id, step.pk) as (ledger, locked):
         if locked is None or locked.status != StepStatus.IN_PROGRESS:
@@ -62,8 +62,12 @@ def take(step: WorkflowStep, name: str, definition: StepDefinition | None, attem
         return locked
 
 
-def _fits(step: WorkflowStep, definition: StepDefinition) -> bool:
-    """True when the claimed ``step`` already has the queue, priority, limiters and timeout ``definition`` gives."""
+def fits(step: WorkflowStep, definition: StepDefinition) -> bool:
+    """True when the claimed ``step`` already has the queue, priority, limiters and timeout ``definition`` gives.
+
+    Such a row runs the checkpoint's body as it is: no write before the body (``ctx`` renames
+    the function's row with the checkpoint's outcome).
+    """
     cls: type[RunHandle] = _class(step)
     queue, priority = attempt_route(cls, definition, step.run)
     names = None

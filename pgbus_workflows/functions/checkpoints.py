@@ -1,9 +1,13 @@
 """A durable function's checkpoints in the rows: what a run recorded, and recording one more.
 
-The recorded checkpoints are read in one query when the function starts; each new checkpoint's
-outcome is written under the run's lock by ``apply_outcome``, with the row that carries the
-function on (:data:`ENTRY`) inserted already claimed by the same worker, so the function goes
-on without a claim.
+The recorded checkpoints are read in one query when the function starts. A new checkpoint's
+outcome is one transaction under the run's lock (:func:`record`): the row the function ran the
+checkpoint on is renamed to it when it still bears :data:`ENTRY` (``ctx`` renames it only
+before a body that needs its own route, limits or timeout), completed, and the row that
+carries the function on is inserted already claimed by the same worker, so the function goes
+on without a claim. Its statements go in the round trips of a batch of outcomes
+(``locks.locked_steps``): the locks with the holds in force and the next attempt's number,
+the writes, the COMMIT.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ from ..models import WorkflowSignal, WorkflowStep
 from ..services import waiting
 from ..services.chain import Chain
 from ..services.ledger import RunLedger
-from ..services.locks import locked_step
+from ..services.locks import locked_step, locked_steps
 from ..services.outcome import StepOutcome, apply_outcome, continue_after, error_message
+from ..services.transactions import commit_once
 from ..states import StepOutcomeKind, StepStatus
 from .attempts import Gone
 from .attempts import atomic as atomic  # what ``ctx`` calls through this module besides its own
+from .attempts import fits as fits
 from .attempts import gives_up_raising as gives_up_raising
 from .attempts import take as take
-from .names import ENTRY, RAISED, class_name
+from .names import ENTRY, RAISED, Renaming, class_name
 
 
 @dataclass(frozen=True)
@@ -44,20 +50,22 @@ class Replay(list[Recorded]):
 
     def __init__(self, done: list[Recorded], attempts: dict[str, int]) -> None:
         super().__init__(done)
-        #: The highest attempt of every checkpoint name in the run's rows, superseded ones included.
+        #: The highest attempt of every checkpoint name in the run's rows, superseded ones included,
+        #: and of :data:`ENTRY` rows but the one the function runs on.
         self.attempts = attempts
 
 
-def recorded(run_pk: int) -> Replay:
+def recorded(run_pk: int, running: int | None = None) -> Replay:
     """The run's checkpoints in the order the function first reached them, up to the first not done.
 
-    One query. A checkpoint is done when its latest attempt succeeded, or failed with
-    ``on_exception="raise"``; a later attempt of a name (a resume) replaces an earlier one,
-    and supersedes every checkpoint reached after it (``resume_at`` rewinds there).
+    One query; ``running`` is the row the function runs on. A checkpoint is done when its latest
+    attempt succeeded, or failed with ``on_exception="raise"``; a later attempt of a name (a
+    resume) replaces an earlier one, and supersedes every checkpoint reached after it
+    (``resume_at`` rewinds there).
     """
     attempts: dict[str, int] = {}
     done = []
-    for name, (status, outcome, output, error_class, message) in latest_attempts(run_pk, attempts).items():
+    for name, (status, outcome, output, error_class, message) in latest_attempts(run_pk, attempts, running).items():
         if status == StepStatus.COMPLETED and outcome == StepOutcomeKind.SUCCESS:
             done.append(Recorded(name, output))
         elif status == StepStatus.FAILED and output == RAISED:
@@ -67,20 +75,26 @@ def recorded(run_pk: int) -> Replay:
     return Replay(done, attempts)
 
 
-def latest_attempts(run_pk: int, attempts: dict[str, int] | None = None) -> dict[str, tuple[str, str, Any, str, str]]:
+def latest_attempts(
+    run_pk: int, attempts: dict[str, int] | None = None, running: int | None = None
+) -> dict[str, tuple[str, str, Any, str, str]]:
     """Each checkpoint's latest attempt (status, outcome, output, error), in the order the function reached them.
 
     A checkpoint attempted again after later ones were reached (a rewind) drops those: they
     are superseded, their rows kept as history. A reattempt is always the latest checkpoint,
-    so it drops nothing. ``attempts`` gets the highest attempt number of every name.
+    so it drops nothing. ``attempts`` gets the highest attempt number of every name, and of
+    the :data:`ENTRY` rows but ``running``.
     """
     latest: dict[str, tuple[str, str, Any, str, str]] = {}
-    for name, attempt, status, outcome, output, error_class, message in (
+    for pk, name, attempt, status, outcome, output, error_class, message in (
         WorkflowStep.objects.filter(run_id=run_pk)
-        .exclude(step_name=ENTRY)
         .order_by("id")
-        .values_list("step_name", "attempt", "status", "outcome", "output", "error_class", "error_message")
+        .values_list("pk", "step_name", "attempt", "status", "outcome", "output", "error_class", "error_message")
     ):
+        if name == ENTRY:
+            if attempts is not None and pk != running:
+                attempts[name] = max(attempt, attempts.get(name, 0))
+            continue
         if name in latest and next(reversed(latest)) != name:
             names = list(latest)
             for later in names[names.index(name) + 1 :]:
@@ -91,30 +105,36 @@ def latest_attempts(run_pk: int, attempts: dict[str, int] | None = None) -> dict
     return latest
 
 
-def adopt(step: WorkflowStep, name: str) -> WorkflowStep | None:
-    """Rename the in-progress row ``step`` to the checkpoint ``name`` the function reached; None when gone.
-
-    Under the run's lock: the row then is that checkpoint's first attempt, which the engine
-    (its exception policy, a resume, the admin) looks up by that name.
-    """
-    return take(step, name, None)
-
-
-def record(step: WorkflowStep, output: Any, strict: bool = False) -> WorkflowStep | None:
+def record(
+    step: WorkflowStep, output: Any, strict: bool = False, renaming: Renaming | None = None
+) -> WorkflowStep | None:
     """Complete checkpoint ``step`` with ``output``; returns the claimed row that carries the function on.
 
-    None when the function must stop here: the attempt is no longer in progress (cancelled, or
-    stalled by the sweep; ``strict``: :class:`Gone` is raised then), or the run was paused
-    meanwhile (its next row is then held).
+    ``renaming``: what the row (still :data:`ENTRY`) becomes in the same write. None when the
+    function must stop here: the attempt is no longer in progress (cancelled, or stalled by
+    the sweep; ``strict``: :class:`Gone` is raised then), or the run was paused meanwhile (its
+    next row is then held). A COMMIT whose answer was lost is not written twice
+    (``commit_once``); inside an atomic body's transaction it is part of that.
     """
-    with locked_step(step.run_id, step.pk) as (ledger, locked):
-        if locked is None or locked.status != StepStatus.IN_PROGRESS:
-            if strict:
-                raise Gone(step.step_name)
-            return None
-        ledger.claim_for = Chain(claimed_by=locked.claimed_by)
-        apply_outcome(ledger, locked, StepOutcome("success", output=output))
-        return _carried_on(ledger)
+    # The next function row's attempt: read with the locks for a named row, known for one renamed here.
+    following = ENTRY if renaming is None else None
+
+    def write() -> WorkflowStep | None:
+        with locked_steps([(step.run_id, step.pk, following)], savepoint=False) as [(ledger, locked)]:
+            if ledger is None or locked is None or locked.status != StepStatus.IN_PROGRESS:
+                if strict:
+                    raise Gone(step.step_name if renaming is None else renaming.checkpoint)
+                return None
+            ledger.claim_for = Chain(claimed_by=locked.claimed_by)
+            named = {}
+            if renaming is not None:
+                named = {"step_name": renaming.checkpoint, "attempt": renaming.attempt}
+                ledger.next_attempts[ENTRY] = renaming.entry_attempt
+            ledger.move_step(locked, "complete", outcome=StepOutcomeKind.SUCCESS, output=output, **named)
+            continue_after(ledger, locked, kind="step_completed")
+            return _carried_on(ledger)
+
+    return commit_once(write, on_indexes=True)
 
 
 def record_raised(step: WorkflowStep, error: BaseException, traceback: str) -> WorkflowStep | None:

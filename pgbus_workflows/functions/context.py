@@ -20,7 +20,7 @@ from ..dsl.definitions import StepDefinition, coerce_duration
 from ..exceptions import ConfigurationError, NonDeterministicRun, StepFailed
 from ..services.context import FlowControl, StepContext
 from ..services.payload import encode_payload, storable_text
-from .names import ENTRY, class_name
+from .names import ENTRY, Renaming, class_name
 from .options import checkpoint_definition
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ class DurableContext:
         self._position = 0
         self._counts: dict[str, int] = {}
         self._current: str | None = None
+        #: What the function's row becomes with the checkpoint's outcome (see :meth:`_take`).
+        self._renaming: Renaming | None = None
 
     @property
     def subject(self) -> Any:
@@ -93,7 +95,7 @@ class DurableContext:
                 raise StepFailed(done.name, *done.failure)
             return done.output
         type(self._workflow).remember(definition)
-        step = self._take(checkpoint, definition)
+        step = self._take(checkpoint, definition, lazy=True)
         self._current = checkpoint
 
         def body() -> Any:
@@ -102,7 +104,8 @@ class DurableContext:
 
         try:
             if definition.atomic:  # fn's writes commit with its recorded output, or not at all
-                following, output = self._rows.atomic(step, body, partial(self._rows.record, strict=True))
+                record = partial(self._rows.record, strict=True, renaming=self._renaming)
+                following, output = self._rows.atomic(step, body, record)
             else:
                 output = body()
         except Exception as error:
@@ -111,10 +114,11 @@ class DurableContext:
             self._current = None
         if not definition.atomic:
             self._record(step, output)
-        elif following is None:
+            return output
+        self._renaming = None
+        if following is None:
             raise Stopped()
-        else:
-            self._context.step = following
+        self._context.step = following
         return output
 
     def sleep(self, name: str, duration: timedelta | float) -> None:
@@ -199,7 +203,8 @@ class DurableContext:
         return True
 
     def _record(self, step: WorkflowStep, output: Any) -> None:
-        following = self._rows.record(step, output)
+        renaming, self._renaming = self._renaming, None
+        following = self._rows.record(step, output, renaming=renaming)
         if following is None:
             raise Stopped()
         self._context.step = following
@@ -210,10 +215,14 @@ class DurableContext:
         count = self._counts[name] = self._counts.get(name, 0) + 1
         return name if count == 1 else f"{name}#{count}"
 
-    def _take(self, checkpoint: str, definition: StepDefinition | None = None) -> WorkflowStep:
+    def _take(self, checkpoint: str, definition: StepDefinition | None = None, lazy: bool = False) -> WorkflowStep:
         """The in-progress row for ``checkpoint``: the row carrying the function on, renamed, or its retry.
 
         Under ``definition``'s queue, priority, limits and timeout (``functions.attempts.take``).
+        ``lazy``: a row that already has those, for a checkpoint without a policy of its own, is
+        renamed with the checkpoint's outcome, in its transaction (:attr:`_renaming`), not in one
+        of its own before the body; should the body fail, it is renamed then (:meth:`_failed`),
+        so its policy finds it by name. An attempt stalled meanwhile stays the function's row.
         """
         step = self._context.step
         if step.step_name == checkpoint:
@@ -230,7 +239,12 @@ class DurableContext:
                     f"Checkpoint {checkpoint!r} was reached where the run was due at {step.step_name!r}"
                 )
             )
-        attempt = getattr(self._replay, "attempts", {}).get(checkpoint, 0) + 1  # on after a rewind's
+        attempts = getattr(self._replay, "attempts", {})
+        attempt = attempts.get(checkpoint, 0) + 1  # on after a rewind's
+        # A policy of its own must find a stalled attempt by its name (the sweep applies it then).
+        if lazy and definition is not None and definition.on_exception is None and self._rows.fits(step, definition):
+            self._renaming = Renaming(checkpoint, attempt, attempts.get(ENTRY, 0) + 1)
+            return step
         adopted: WorkflowStep | None = self._rows.take(step, checkpoint, definition, attempt)
         if adopted is None:
             raise Stopped()
@@ -238,6 +252,13 @@ class DurableContext:
         return adopted
 
     def _failed(self, step: WorkflowStep, checkpoint: str, definition: StepDefinition, error: Exception) -> Any:
+        if self._renaming is not None:  # the attempt's policy and history go by the checkpoint's name
+            name, attempt, _ = self._renaming
+            self._renaming = None
+            renamed: WorkflowStep | None = self._rows.take(step, name, definition, attempt)
+            if renamed is None:
+                raise Stopped()
+            self._context.step = step = renamed
         if self._rows.gives_up_raising(type(self._workflow), definition, error, step):
             text = storable_text("".join(tb.format_exception(type(error), error, error.__traceback__)))
             following = self._rows.record_raised(step, error, text)
@@ -259,7 +280,8 @@ def drive(workflow: Any) -> Any:
     from . import checkpoints  # deferred: the package root loads this module before the app registry
 
     context: StepContext = workflow._context
-    ctx = DurableContext(workflow, context, checkpoints, checkpoints.recorded(workflow.record.pk))
+    replay = checkpoints.recorded(workflow.record.pk, context.step.pk)
+    ctx = DurableContext(workflow, context, checkpoints, replay)
     cls = type(workflow)
     try:
         value = cls.function(ctx, **workflow.arguments)

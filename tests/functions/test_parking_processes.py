@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from pgbus_workflows.models import FanOutJob, WorkflowRun
+from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowRun
 from tests.procs import eventually
 from tests.testapp.durable_workflows import durable_gather, durable_map_killed
 from tests.testapp.models import SideEffect
@@ -24,6 +24,8 @@ def test_a_map_then_a_step_class_child_then_a_durable_child_run_to_the_result_on
     first = dispatchers("--concurrency", "2", settings=SETTINGS)
     second = dispatchers("--concurrency", "2", settings=SETTINGS)
     assert run.result(timeout=90) == {"squares": [1, 4, 9, 16], "doubled": 60, "tripled": 180}
+    # A run done before the second one is up would meet a SIGTERM before its handlers are.
+    eventually(lambda: Dispatcher.objects.count() == 2, timeout=60, what="both dispatchers to register")
     for process in (first, second):
         process.send(signal.SIGTERM)
     for process in (first, second):

@@ -29,8 +29,11 @@ class Settled:
     value: Any
     error: BaseException | None
 
-    def result(self) -> StepOutcome | JobEnd:
-        """Settle it (encode the value, resolve the exception): on a worker thread, never on the loop."""
+    def result(self) -> StepOutcome | JobEnd | None:
+        """Settle it (encode the value, resolve the exception): on a worker thread, never on the loop.
+
+        None: nothing to write (a durable function's driver wrote its outcomes as it went).
+        """
         return self.awaiting.settle(self.value, self.error)  # type: ignore[no-any-return]
 
 

@@ -28,7 +28,7 @@ from django.db import connection
 
 from ..models import FanOutJob, WorkflowStep
 from ..services.applying import apply_outcomes
-from ..services.body import Awaiting
+from ..services.body import Awaiting, AwaitingBody
 from ..services.chain import Chain
 from ..services.executor import begin_step
 from ..services.fanout import JobEnd, record_job_ends, start_job
@@ -258,15 +258,13 @@ class WorkerPool:
         try:
             begun = begin_step(step, chain=chain, verify=verify)
             if begun.kind == "to_apply":
-                if begun.step is not None and begun.step is not step:  # a durable function moved on
-                    self.taking.release([step])
-                    return begun.step, cast(StepOutcome, begun.outcome)
-                return step, cast(StepOutcome, begun.outcome)
+                return self._to_apply(step, begun.step or step, cast(StepOutcome, begun.outcome))
             if begun.awaiting is not None:
                 if self._submitted(step, begun.awaiting):
                     return None
                 held = self._await_held(step, begun.awaiting)  # the loop is full: this thread waits for it
-                return None if held is None else (step, cast(StepOutcome, held))
+                if held is not None:
+                    return self._to_apply(step, begun.awaiting.attempt, cast(StepOutcome, held))
         except BaseException:
             logger.exception("Step %s of run %s could not be finished", step.step_name, step.run_id)
             self.taking.lost([step])
@@ -276,6 +274,17 @@ class WorkerPool:
         self.hand_out(chain.take(), verify=False, lane=lane)  # an atomic step's next step
         self.taking.release([step])
         return None
+
+    def _to_apply(
+        self, claimed: WorkflowStep, attempt: WorkflowStep, outcome: StepOutcome
+    ) -> tuple[WorkflowStep, StepOutcome]:
+        """``outcome`` to write for ``attempt``: a durable function may have moved on from the row claimed.
+
+        That row is given back then (its outcome was written as the function went on).
+        """
+        if attempt.pk != claimed.pk:
+            self.taking.release([claimed])
+        return attempt, outcome
 
     def _submitted(self, claim: WorkflowStep | FanOutJob, awaiting: Awaiting[Any]) -> bool:
         """Whether the event loop took the coroutine: this thread is free, so the loop may claim more."""
@@ -287,7 +296,8 @@ class WorkerPool:
     def _await_held(self, claim: WorkflowStep | FanOutJob, awaiting: Awaiting[Any]) -> StepOutcome | JobEnd | None:
         """Await the coroutine on the loop past its places, this worker waiting for its end.
 
-        None when it was dropped (its attempt stalled meanwhile): its claim is given up here.
+        None when it was dropped (its attempt stalled meanwhile): its claim is given up here; or
+        when it left nothing to write (a durable function's driver wrote its own).
         """
         settled = cast(CoroutineLoop, self.coroutines).await_held(claim, awaiting)  # a pool with workers has one
         if settled is None:
@@ -338,8 +348,11 @@ class WorkerPool:
             return
         if isinstance(result, JobEnd):
             lane.batch.add_job(result)
+        elif result is None:  # a durable function's driver applied its outcomes itself
+            self.taking.release([settled])
         else:
-            lane.batch.add_step((cast(WorkflowStep, settled.work), result))
+            attempt = cast(AwaitingBody, settled.awaiting).attempt
+            lane.batch.add_step(self._to_apply(cast(WorkflowStep, settled.work), attempt, result))
 
     def _write(self, batch: Batch, chain: Chain, lane: Lane) -> None:
         """Write the batch (one transaction for the steps, one for the jobs); what their

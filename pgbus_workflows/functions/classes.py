@@ -2,13 +2,14 @@
 
 A durable class has no fixed list of steps. Every checkpoint the function reaches is a step row
 of its own, named by the checkpoint, and every name maps to one driver body that calls the
-function from the top (``context.drive``). The run's first row, and the row that carries the
-function on after a checkpoint, is named :data:`ENTRY` until the function reaches its next
-checkpoint, which renames it.
+function from the top (``context.drive``; ``async_context.drive`` for an ``async def``). The
+run's first row, and the row that carries the function on after a checkpoint, is named
+:data:`ENTRY` until the function reaches its next checkpoint, which renames it.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -17,6 +18,7 @@ from ..dsl.definitions import StepDefinition
 from ..dsl.deploy import ANY_STEP
 from ..exceptions import ConfigurationError, StepNotDefined
 from ..workflow import Workflow
+from . import async_context
 from .context import drive
 from .names import ENTRY, RAISED
 
@@ -44,6 +46,8 @@ class DurableWorkflow(Workflow):
     copied_failure: ClassVar[Any] = RAISED
     #: The function: ``fn(ctx, **arguments)``; its return is the run's result.
     function: ClassVar[Callable[..., Any]]
+    #: The body of every row: ``context.drive``, or ``async_context.drive`` for an ``async def`` function.
+    driver: ClassVar[Callable[[Any], Any]]
     #: The options each checkpoint name (without its ``#n``) was last called with, for the
     #: engine's look-ups made after the body (the exception policy of a failed checkpoint).
     _checkpoints: ClassVar[dict[str, StepDefinition]]
@@ -80,10 +84,10 @@ class DurableWorkflow(Workflow):
         # A wait's timeout wakes the function, which takes None (on_timeout="run"), and so does the
         # end of a fan-out's last member (on_job_failure="run"): in any process, the function decides.
         if known is None:
-            return StepDefinition(name=name, func=drive, on_timeout="run", on_job_failure="run")
+            return StepDefinition(name=name, func=cls.driver, on_timeout="run", on_job_failure="run")
         # Its attempts are routed, limited and timed as the checkpoint says; ``atomic`` is the
         # function's to apply (the driver commits the body's writes with its output), not the row's.
-        return replace(known, name=name, func=drive, on_timeout="run", on_job_failure="run", atomic=False)
+        return replace(known, name=name, func=cls.driver, on_timeout="run", on_job_failure="run", atomic=False)
 
     @classmethod
     def rewind_to(cls, run: Any, name: str) -> tuple[StepDefinition, list[str]]:
@@ -136,7 +140,8 @@ def durable(name: str | None = None, **attributes: Any) -> Callable[[Callable[..
 
     ``attributes`` are the class attributes of any workflow (``allow_multiple``,
     ``exception_policies``, ``concurrency``...); ``name`` defaults to the function's dotted path.
-    ``start(subject, **arguments)`` passes the arguments to ``fn`` by keyword.
+    ``start(subject, **arguments)`` passes the arguments to ``fn`` by keyword. An ``async def
+    fn`` awaits the same calls (``await ctx.step(...)``) on the dispatcher's event loop.
     """
     unknown = set(attributes) - set(CLASS_ATTRIBUTES)
     if unknown:
@@ -151,6 +156,7 @@ def durable(name: str | None = None, **attributes: Any) -> Callable[[Callable[..
             **attributes,
             "abstract": False,
             "function": staticmethod(fn),
+            "driver": staticmethod(async_context.drive if inspect.iscoroutinefunction(fn) else drive),
             "_checkpoints": {},
             "__module__": fn.__module__,
             "__qualname__": fn.__qualname__,

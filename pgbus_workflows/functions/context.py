@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from functools import partial
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..dsl.definitions import StepDefinition, coerce_duration
 from ..exceptions import ConfigurationError, NonDeterministicRun, StepFailed
@@ -90,10 +90,18 @@ class DurableContext:
         definition = checkpoint_definition(name, options)
         position = self._position
         if self._replayed(checkpoint):
-            done = self._replay[position]
-            if done.failure is not None:
-                raise StepFailed(done.name, *done.failure)
-            return done.output
+            return self._recorded(position)
+        return self._run(checkpoint, definition, fn)
+
+    def _recorded(self, position: int) -> Any:
+        """The output recorded at ``position``, or its recorded failure raised (:class:`StepFailed`)."""
+        done = self._replay[position]
+        if done.failure is not None:
+            raise StepFailed(done.name, *done.failure)
+        return done.output
+
+    def _run(self, checkpoint: str, definition: StepDefinition, fn: Callable[[], Any]) -> Any:
+        """Run the body ``fn`` of ``checkpoint``, reached for the first time, and record its output."""
         type(self._workflow).remember(definition)
         step = self._take(checkpoint, definition, lazy=True)
         self._current = checkpoint
@@ -271,26 +279,40 @@ class DurableContext:
 
 
 def drive(workflow: Any) -> Any:
-    """The body of every row of a durable class: run the function from the top, replaying.
+    """The body of every row of a durable class of a plain ``def``: run the function from the top, replaying.
 
     Its return finishes the run with that result. An error to apply (a checkpoint's, the
     function's own) is raised for the engine's policies; nothing to apply is marked on the
     step context (``applied``).
     """
+    ctx = open_context(workflow)
+    try:
+        value = type(workflow).function(ctx, **workflow.arguments)
+    except Stopped as stopped:
+        return stopped_at(workflow, ctx._context, stopped)
+    return returned(workflow, ctx._context, value)
+
+
+def open_context(workflow: Any) -> DurableContext:
+    """The ``ctx`` of the attempt in hand, with the run's recorded checkpoints (one query)."""
     from . import checkpoints  # deferred: the package root loads this module before the app registry
 
     context: StepContext = workflow._context
     replay = checkpoints.recorded(workflow.record.pk, context.step.pk)
-    ctx = DurableContext(workflow, context, checkpoints, replay)
-    cls = type(workflow)
-    try:
-        value = cls.function(ctx, **workflow.arguments)
-    except Stopped as stopped:
-        workflow._context = context
-        if stopped.error is None:
-            context.applied = True
-            return None
-        raise stopped.error from None
+    return DurableContext(workflow, context, checkpoints, replay)
+
+
+def stopped_at(workflow: Any, context: StepContext, stopped: Stopped) -> None:
+    """The function stopped: its error raised for the engine's policies, or nothing left to apply."""
+    workflow._context = context
+    if stopped.error is None:
+        context.applied = True
+        return None
+    raise stopped.error from None
+
+
+def returned(workflow: Any, context: StepContext, value: Any) -> NoReturn:
+    """The function returned ``value``: the run finishes with it (raised as the engine's ``finished``)."""
     workflow._context = context
     if context.step.step_name != ENTRY:
         raise NonDeterministicRun(

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from asgiref.sync import async_to_sync
 from django.db import connection
@@ -41,10 +41,13 @@ def run_body(workflow: RunHandle, context: StepContext) -> StepOutcome:
     An ``async def`` body is awaited on this thread (:meth:`Awaiting.run_here`).
     """
     started = start_body(workflow, context)
-    return started.run_here() if isinstance(started, Awaiting) else started
+    if not isinstance(started, Awaiting):
+        return started
+    # None comes only from a durable function's driver, which an atomic step never runs.
+    return cast(StepOutcome, started.run_here())
 
 
-def start_body(workflow: RunHandle, context: StepContext) -> StepOutcome | Awaiting[StepOutcome]:
+def start_body(workflow: RunHandle, context: StepContext) -> StepOutcome | AwaitingBody:
     """Call the step body: its outcome, or, for an ``async def`` body, its coroutine still to await.
 
     The dispatcher awaits that coroutine on its event loop (``dispatcher.coroutines``), so it
@@ -64,15 +67,26 @@ def start_body(workflow: RunHandle, context: StepContext) -> StepOutcome | Await
         return _settled(workflow, context, None, error)
     if not inspect.isawaitable(value):
         return _settled(workflow, context, value, None)
-    for name in ("subject", "outputs", "step_idempotency_key"):
-        getattr(workflow, name, None)
+    if not context.drives_function:
+        for name in ("subject", "outputs", "step_idempotency_key"):
+            getattr(workflow, name, None)
     run = workflow.record
-    return Awaiting(
+    return AwaitingBody(
         value,
-        definition.timeout,
+        None if context.drives_function else definition.timeout,
         f"{run.workflow_class} {run.workflow_id} step {step.step_name} (attempt {step.attempt})",
-        partial(_settled, workflow, context),
+        partial(_settled_later, workflow, context),
+        context,
     )
+
+
+def _settled_later(
+    workflow: RunHandle, context: StepContext, value: Any, error: BaseException | None
+) -> StepOutcome | None:
+    """:func:`_settled` for a coroutine; None when a durable function's driver applied its outcomes itself."""
+    if error is None and context.applied:
+        return None
+    return _settled(workflow, context, value, error)
 
 
 def _settled(workflow: RunHandle, context: StepContext, value: Any, error: BaseException | None) -> StepOutcome:
@@ -156,6 +170,30 @@ class Awaiting(Generic[T]):
         except BaseException as error:
             return self.settle(None, error)
         return self.settle(value, None)
+
+
+class AwaitingBody(Awaiting[StepOutcome | None]):
+    """A step body's coroutine: it settles into the outcome of :attr:`attempt`, or None (nothing to apply).
+
+    A durable function's driver records checkpoints as it goes and may end on a row other
+    than the one claimed, or with every outcome applied already.
+    """
+
+    def __init__(
+        self,
+        coroutine: Awaitable[Any],
+        timeout: timedelta | None,
+        label: str,
+        settle: Callable[[Any, BaseException | None], StepOutcome | None],
+        step_context: StepContext,
+    ) -> None:
+        super().__init__(coroutine, timeout, label, settle)
+        self._step_context = step_context
+
+    @property
+    def attempt(self) -> WorkflowStep:
+        """The attempt the settled outcome is for: the row claimed, or the one a durable function moved on to."""
+        return self._step_context.step
 
 
 async def bounded(coroutine: Awaitable[Any], timeout: timedelta | None) -> Any:

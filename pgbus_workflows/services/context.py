@@ -43,3 +43,7 @@ class StepContext:
     #: attempt in hand has nothing left to apply. The driver may also move :attr:`step` on
     #: to the row that carries the function on (``pgbus_workflows.functions``).
     applied: bool = False
+    #: Set by an ``async def`` durable function's driver: its coroutine reads nothing of ``self``
+    #: beforehand, and bounds each checkpoint's body by that checkpoint's ``timeout=``, not the
+    #: whole function by the row's (``pgbus_workflows.functions.async_context``).
+    drives_function: bool = False

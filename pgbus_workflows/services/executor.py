@@ -20,7 +20,7 @@ from ..states import StepStatus
 from . import slots, waiting
 from .applying import apply_outcomes
 from .atomic import execute_atomic
-from .body import Awaiting, start_body
+from .body import AwaitingBody, start_body
 from .chain import Chain
 from .claims import claim_due_steps, still_in_progress
 from .context import StepContext
@@ -69,12 +69,14 @@ def perform_step(
 
     Returns ``(step, outcome)`` for the caller to apply (alone or with others); an outcome
     already applied (an ``atomic=True`` body commits with its outcome); or None when there
-    is nothing to apply (the attempt was no longer in progress, or it parked for a signal).
+    is nothing to apply (the attempt was no longer in progress, it parked for a signal, or a durable
+    function's driver applied its outcomes itself).
     An ``async def`` body is awaited on this thread.
     """
     begun = begin_step(step, chain=chain, verify=verify)
     if begun.awaiting is not None:
-        return step, begun.awaiting.run_here()
+        outcome = begun.awaiting.run_here()
+        return None if outcome is None else (begun.awaiting.attempt, outcome)
     if begun.kind == "to_apply":
         return begun.step or step, cast(StepOutcome, begun.outcome)
     return begun.outcome  # applied already, or None
@@ -88,14 +90,15 @@ class Begun:
       signal, or an ``atomic=True`` body stalled;
     - ``"applied"``: an ``atomic=True`` body committed with its :attr:`outcome`;
     - ``"to_apply"``: its :attr:`outcome` is for the caller to apply (``apply_outcomes``);
-    - ``"awaiting"``: an ``async def`` body's coroutine, :attr:`awaiting`, not yet awaited.
+    - ``"awaiting"``: an ``async def`` body's coroutine, :attr:`awaiting`, not yet awaited (it
+      says which attempt its outcome is for once settled: a durable function's may move on).
     """
 
     kind: Literal["nothing", "applied", "to_apply", "awaiting"]
     #: The outcome of ``"applied"`` and ``"to_apply"``.
     outcome: StepOutcome | None = None
     #: The coroutine of ``"awaiting"``, which settles into the outcome to apply.
-    awaiting: Awaiting[StepOutcome] | None = None
+    awaiting: AwaitingBody | None = None
     #: The attempt the outcome is for, when not the one begun: a durable function's driver
     #: records the claimed attempt's checkpoints and goes on on a row of its own (``functions``).
     step: WorkflowStep | None = None
@@ -145,7 +148,7 @@ def _attempt(step: WorkflowStep, chain: Chain | None) -> Begun:
         if context.applied:  # a durable function's driver applied its checkpoints' outcomes itself
             return NOTHING
         # ``context.step``: a durable function's driver may have moved on to another row.
-        if isinstance(started, Awaiting):
+        if isinstance(started, AwaitingBody):
             return Begun("awaiting", awaiting=started, step=context.step)
         return Begun("to_apply", outcome=started, step=context.step)
     return Begun("to_apply", outcome=outcome)

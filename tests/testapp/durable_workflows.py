@@ -1,5 +1,6 @@
 """Durable functions that dispatcher processes run in the process tests (``tests/functions``)."""
 
+import asyncio
 import time
 from datetime import timedelta
 
@@ -100,3 +101,40 @@ def durable_long(ctx, checkpoints, park_every):
         if (n + 1) % park_every == 0:
             ctx.sleep("park", 0)
     return checkpoints
+
+
+async def _awaited_note(label, value):
+    """An ``async def`` checkpoint body: awaits, records ``label`` through the async ORM, returns ``value``."""
+    await asyncio.sleep(0.01)
+    await SideEffect.objects.acreate(label=label)
+    return value
+
+
+@durable(name="durable_async_journey", allow_multiple=True)
+async def durable_async_journey(ctx, pages):
+    """The journey as an ``async def``: async and plain checkpoints, a sleep, a wait for ``go``, a map, a child."""
+    total = 0
+    for n in range(pages):
+        total += await ctx.step("page", lambda n=n: _awaited_note(f"async page {n}", n))
+    await ctx.step("plain", _noted("plain", None))
+    await ctx.sleep("breathe", timedelta(seconds=1))
+    go = await ctx.wait_for("go", timeout=timedelta(minutes=5))
+    squares = await ctx.map("squares", square, [1, 2])
+    tripled = await ctx.child("triple", durable_tripler, None, n=total)
+    return {"total": total, "go": go, "squares": squares, "tripled": tripled}
+
+
+async def _awaits_until_released():
+    """Records ``async blocking``, then awaits until the test writes ``release`` (it kills the dispatcher first)."""
+    await SideEffect.objects.acreate(label="async blocking")
+    while not await SideEffect.objects.filter(label="release").aexists():
+        await asyncio.sleep(0.05)
+    return "released"
+
+
+@durable(name="durable_async_killed", allow_multiple=True)
+async def durable_async_killed(ctx):
+    """A checkpoint, then an async one that awaits until released, then one more."""
+    await ctx.step("before", _noted("before", 1))
+    await ctx.step("blocking", _awaits_until_released)
+    return await ctx.step("after", _noted("after", "done"))

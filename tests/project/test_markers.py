@@ -48,20 +48,24 @@ def test_an_unmarked_test_in_a_processes_module_stops_the_collection_naming_it()
     assert "marker_probe_processes.py::test_probe_in_a_processes_module_unmarked: mark it 'processes'" in run.stderr
 
 
-def test_the_fast_loop_leaves_out_every_test_of_processes_chromium_and_the_long_harnesses():
-    run = pytest_alone("--collect-only", "-m", FAST, "tests")
+@pytest.fixture(scope="module")
+def fast_loop() -> subprocess.CompletedProcess:
+    """What the fast loop collects (collected once: the suite takes seconds to collect)."""
+    return pytest_alone("--collect-only", "-m", FAST, "tests")
 
-    assert run.returncode == 0, run.stdout + run.stderr
-    selected = run.stdout
+
+def test_the_fast_loop_leaves_out_every_test_of_processes_chromium_and_the_long_harnesses(fast_loop):
+    assert fast_loop.returncode == 0, fast_loop.stdout + fast_loop.stderr
+    selected = fast_loop.stdout
     for left_out in ("test_chaos.py", "test_state_machine.py", "test_admin_browser.py", "test_fanout_processes.py"):
         assert left_out not in selected, left_out
     assert "test_dispatcher.py::test_the_commands_logs_go_to_the_projects_handlers" not in selected
     assert "tests/services/test_start.py::" in selected  # an in-process module stays
 
 
-def test_the_fast_loop_runs_about_nine_tests_in_ten():
+def test_the_fast_loop_runs_about_nine_tests_in_ten(fast_loop):
     """docs/development.md: "Leaving them out runs about nine tests in ten, the in-process ones"."""
-    fast = pytest_alone("--collect-only", "-m", FAST, "tests")
+    fast = fast_loop
     everything = pytest_alone("--collect-only", "tests")
 
     def collected(run: subprocess.CompletedProcess) -> int:

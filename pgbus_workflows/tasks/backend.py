@@ -20,6 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..exceptions import ConfigurationError
 from .api import BaseTaskBackend, Task, TaskResult, TaskResultStatus, normalize_json, task_enqueued
+from .fairness import TaskFairness, resolved
 from .options import checked_options
 
 #: What the backend's check, ``enqueue`` and ``get_result`` say when the app is not installed.
@@ -29,9 +30,10 @@ NOT_INSTALLED = "add 'pgbus_workflows' to INSTALLED_APPS: its dispatchers run th
 class WorkflowsBackend(BaseTaskBackend):
     """Tasks stored and claimed like workflow steps, run by ``manage.py run_workflow_dispatcher``.
 
-    ``OPTIONS``: ``ATTEMPTS`` (how many times a failing task runs, default 1) and ``BACKOFF``
+    ``OPTIONS``: ``ATTEMPTS`` (how many times a failing task runs, default 1), ``BACKOFF``
     (the wait before the second attempt, doubling with jitter after: seconds, a timedelta or
-    ``backoff(...)``; default 10 s).
+    ``backoff(...)``; default 10 s) and ``FAIRNESS`` (``{"KEY": ..., "WEIGHT": ...}``: tasks
+    claimed in turn by a key read from their arguments, :mod:`.fairness`; default none).
     """
 
     #: Marks this backend (and subclasses) for the app's ``ready()``, which makes each alias's class.
@@ -44,8 +46,9 @@ class WorkflowsBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self._options_error: ConfigurationError | None = None
+        self._fairness: TaskFairness | None = None
         try:
-            checked_options(self.options)
+            self._fairness = checked_options(self.options).fairness
         except ConfigurationError as error:
             self._options_error = error  # check() reports it; enqueue raises it
 
@@ -60,6 +63,8 @@ class WorkflowsBackend(BaseTaskBackend):
             raise ImproperlyConfigured(f"{type(self).__name__}: {NOT_INSTALLED}")
         if self._options_error is not None:
             raise self._options_error
+        if self._fairness is not None:
+            resolved(self._fairness)  # a FAIRNESS path that does not import: ConfigurationError, nothing written
         from ..services.start import start_run  # the app's models: see the module's docstring
         from ..sql import clock
         from .runs import task_workflow
@@ -108,12 +113,17 @@ class WorkflowsBackend(BaseTaskBackend):
         return get_result(self.alias, result_id)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """The app installed, the backend's ``OPTIONS`` (and what the API's own checks say)."""
+        """The app installed, the backend's ``OPTIONS`` (``FAIRNESS``' paths imported), and the API's own checks."""
         messages = list(super().check(**kwargs))
         if not apps.is_installed("pgbus_workflows"):
             message = f"TASKS[{self.alias!r}] uses {type(self).__name__}, but pgbus_workflows is not installed"
             messages.append(checks.Error(message, hint=NOT_INSTALLED, id="pgbus_workflows.E015", obj=type(self)))
-        if self._options_error is not None:
-            message = f"TASKS[{self.alias!r}]: {self._options_error}"
-            messages.append(checks.Error(message, id="pgbus_workflows.E013", obj=type(self)))
+        error = self._options_error
+        if error is None and self._fairness is not None:
+            try:
+                resolved(self._fairness)  # imported here, at startup: not when a task module makes the backend
+            except ConfigurationError as failed:
+                error = failed
+        if error is not None:
+            messages.append(checks.Error(f"TASKS[{self.alias!r}]: {error}", id="pgbus_workflows.E013", obj=type(self)))
         return messages

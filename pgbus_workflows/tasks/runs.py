@@ -5,6 +5,8 @@ Each backend alias has a workflow class of its own, ``django_task.<alias>`` (bui
 so a task gets everything a step has: the SKIP LOCKED claim, heartbeats, stall recovery, the
 SIGTERM grace, retention, the admin and the CLI. The run's arguments hold the task's path and
 arguments, its queue and priority (each attempt is routed by them) and the backend's alias.
+With ``OPTIONS["FAIRNESS"]`` the class has a ``Fairness`` whose key is read from the task's
+arguments (:mod:`.fairness`), so its tasks are claimed in turn by key, as a class's steps are.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 
 from ..dsl.decorators import step
 from ..dsl.definitions import AttemptRoute, OnException, StepDefinition
+from ..dsl.fairness import Fairness
 from ..models import TASK_CLASS_PREFIX, WorkflowRun
 from ..workflow import Workflow
+from .fairness import TaskFairness, task_key, task_weight
 from .options import checked_options
 from .results import context_of, finished, running_result, task_of
 
@@ -96,9 +100,10 @@ def task_workflow(alias: str, options: dict[str, Any] | None = None) -> type[Tas
 
     Bad ``OPTIONS`` raise ``ConfigurationError`` (the backend's ``check()`` reports them).
     """
-    attempts, wait = checked_options(options or {})
+    checked = checked_options(options or {})
+    attempts, wait, fairness = checked
     known = _classes.get(alias)
-    if known is not None and known.options == (attempts, wait):  # type: ignore[attr-defined]
+    if known is not None and known.options == checked:  # type: ignore[attr-defined]
         return known
     policies = [OnException(action="cancel")]
     if attempts > 1:
@@ -108,9 +113,20 @@ def task_workflow(alias: str, options: dict[str, Any] | None = None) -> type[Tas
         "__qualname__": f"TaskRun[{alias}]",
         "name": f"{TASK_CLASS_PREFIX}{alias}",
         "alias": alias,
-        "options": (attempts, wait),
+        "options": checked,
         "exception_policies": policies,
+        "fairness": None if fairness is None else _fairness(fairness, alias),
     }
     cls: type[TaskRun] = type(f"TaskRun[{alias}]", (TaskRun,), namespace)
     _classes[alias] = cls
     return cls
+
+
+def _fairness(fairness: TaskFairness, alias: str) -> Fairness:
+    """The ``Fairness`` of ``alias``'s task class: its key read from each task's arguments, its weight ``WEIGHT``'s."""
+
+    def key(wf: Workflow) -> Any:
+        arguments = wf.arguments
+        return task_key(fairness, task_of(arguments, alias), arguments["args"], arguments["kwargs"])
+
+    return Fairness(key=key, weight=None if fairness.weight is None else lambda found: task_weight(fairness, found))

@@ -80,3 +80,23 @@ def hangs_first_time(key):
 async def async_fails(message):
     await asyncio.sleep(0)
     raise ValueError(message)
+
+
+@task
+def for_account(account_id, note=""):
+    """Records its account when it ran: the fairness tests read the order the accounts' tasks ran in."""
+    SideEffect.objects.create(label="account-task", key=str(account_id))
+    return account_id
+
+
+def account_key(task, args, kwargs):
+    """A ``FAIRNESS`` key function: ``for_account``'s account by keyword, else None (the task's own key)."""
+    return f"account:{kwargs['account_id']}" if "account_id" in kwargs else None
+
+
+def account_weight(key):
+    """A ``FAIRNESS`` weight function: an account whose name ends with ``-x3`` weighs 3."""
+    return 3 if key.endswith("-x3") else 1
+
+
+not_a_function = 42

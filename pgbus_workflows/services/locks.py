@@ -20,6 +20,7 @@ from ..sql import rows
 from ..sql.bulk import WriteBatch
 from .ledger import RunLedger, Unit
 from .lineage import settle_after_commit
+from .resolution import resolve_in_ledger, unfinished
 
 
 class RunLocked(Exception):
@@ -129,3 +130,16 @@ def locked_run(pk: int, *, now: datetime | None = None) -> Iterator[RunLedger]:
         ledger = RunLedger(run, now)
         yield ledger
         ledger.flush()
+
+
+def resolve_if_done(step_pk: int, run_pk: int, *, skip_locked: bool = False) -> bool:
+    """Resolve the fan-out when no job is left; True for the one caller whose resolution won.
+
+    ``skip_locked`` (the sweep): raise :class:`RunLocked` rather than wait for the run.
+    """
+    if unfinished(step_pk):
+        return False
+    with locked_step(run_pk, step_pk, skip_locked=skip_locked) as (ledger, step):
+        if step is None:
+            return False
+        return resolve_in_ledger(ledger, step)

@@ -319,7 +319,7 @@ class ParentClose(WorkflowTestMixin, TestCase):
         self.assertEqual(child.status, "ready")
         self.speedrun_workflow(child)
         self.assertWorkflowStatus(child, "finished")
-        from pgbus_workflows.services.fanout import resolve_if_done
+        from pgbus_workflows.services.locks import resolve_if_done
 
         parked = WorkflowStep.objects.get(run_id=wf.record.pk, step_name="shipments")
         self.assertFalse(resolve_if_done(parked.pk, wf.record.pk))  # a paused parent waits for its resume

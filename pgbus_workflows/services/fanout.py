@@ -21,7 +21,6 @@ from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
-from django.dispatch import receiver
 
 from .. import sql
 from ..conf import settings
@@ -34,7 +33,6 @@ from ..states import StepStatus, job_event
 from .body import Awaiting
 from .chain import Chain
 from .handle import handle_class
-from .lineage import child_ended
 from .locks import RunLocked, locked_step, resolve_if_done
 from .payload import encode_payload, storable_text
 from .resolution import resolve_in_ledger, unfinished
@@ -315,12 +313,6 @@ def _fail(job: FanOutJob, error: str) -> str:
         if retried:
             return JobStatus.PENDING
     return JobStatus.FAILED if finish_attempt(job, JobStatus.FAILED, error=error) else ""
-
-
-@receiver(child_ended)
-def _child_ended(sender: Any, step_pk: int, run_pk: int, **kwargs: Any) -> None:
-    """A child run ended (or a re-attached fan-out found them all ended): resolve the parent's step."""
-    with_reconnect(partial(resolve_if_done, step_pk, run_pk))
 
 
 def cancel_pending_jobs(step: WorkflowStep) -> int:

@@ -394,6 +394,19 @@ class TestCommitted:
         assert wf.reload().status == "finished"
         assert wf.result(timeout=5) == 0 + 1 + 2
 
+    def test_a_leafs_end_resolves_its_parent_then_its_grandparent_each_after_a_commit(self):
+        root = Tree.start(depth=1, width=1)
+        run_next(root)
+        [child] = root.children
+        run_next(child)
+        [leaf] = child.children
+        run_next(leaf)  # parks, waiting for "go"
+        leaf.signal("go", 1)
+        assert (child.reload().status, root.reload().status) == ("waiting", "waiting")
+        run_next(leaf)
+        assert leaf.reload().status == "finished"
+        assert (child.reload().status, root.reload().status) == ("finished", "finished")
+
     def test_result_waits_for_the_end_and_returns_it(self, monkeypatch):
         # No re-read within the test: only the end's NOTIFY can wake the waiter.
         monkeypatch.setattr(results, "RECHECK_SECONDS", 3600.0)

@@ -16,12 +16,11 @@ class SimplePgbusWorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Register the system checks, the fan-out receiver and the install of ``start()``'s function after ``migrate``.
+        """Register the system checks and the install of ``start()``'s function after ``migrate``.
 
         Then make the workflow class of each ``TASKS`` alias this app's backend serves.
         """
         from . import checks, deploy_checks  # noqa: F401 - registers the system checks
-        from .services import fanout  # noqa: F401 - resolves a parent's fan-out when a child run ends
 
         post_migrate.connect(_install_functions, sender=self, dispatch_uid="pgbus_workflows_functions")
         _register_task_classes()

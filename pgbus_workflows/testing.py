@@ -37,14 +37,15 @@ from asgiref.sync import sync_to_async
 
 from .exceptions import StepWaiting, TestHelperError
 from .models import FanOutJob, JobStatus, WorkflowRun, WorkflowStep
-from .services import fanout, operator
+from .services import operator
 from .services.claims import claim_step
 from .services.executor import execute_step
 from .services.fanout import claim_job, execute_job
 from .services.firing import fire_due, next_due_at
-from .services.locks import locked_run
+from .services.locks import locked_run, resolve_if_done
 from .services.schedules import sync_declared
-from .services.waiting import expire_due_waits, fire_timeout, waiting_step
+from .services.timeouts import expire_due_waits
+from .services.waiting import fire_timeout, waiting_step
 from .sql import clock
 from .states import RunStatus, StepStatus
 from .workflow import Workflow, handle_for
@@ -225,7 +226,7 @@ class WorkflowTestMixin:
                 claimed = claim_job(job.pk, claimed_by=ACTOR)
                 if claimed is not None:
                     execute_job(claimed)
-        fanout.resolve_if_done(step.pk, workflow.record.pk)
+        resolve_if_done(step.pk, workflow.record.pk)
         return workflow.reload()
 
     def _run_to_end(self, child: Workflow, parent: Workflow) -> None:

@@ -69,7 +69,7 @@ from ..services.rollups import roll_up
 from ..services.schedules import delete_expired_schedule_events
 from ..services.slot_sweep import give_back_stalled, reconcile
 from ..services.stuck import gauge
-from ..services.waiting import expire_due_waits
+from ..services.timeouts import expire_due_waits
 from ..sql import clock
 from ..sql.session import TransactionLock, liveness_lock_free
 from ..states import StepStatus

@@ -23,7 +23,7 @@ from django.db import connection
 from ..conf import settings
 from ..models import FanOutJob, WorkflowStep
 from ..services.claims import still_in_progress
-from ..services.slots import give_back_unrun
+from ..services.executor import give_back_unrun
 from .coroutines import CoroutineLoop
 from .lanes import Batch, Lane, Queued, Work, work_key
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
-from ..services.fanout import progress
+from ..services.resolution import progress
 from ..services.stuck import STUCK_REASONS, stuck_querysets
 from ..sql import clock
 from ..sql.counting import distinct_values

@@ -114,7 +114,7 @@ def begin_step(step: WorkflowStep, *, chain: Chain | None = None, verify: bool =
     The dispatcher awaits it on its event loop and settles it on a worker thread.
     """
     if verify and not _still_in_progress(step):
-        slots.give_back_unrun([step])  # cancelled (or stalled) between the claim and now: nothing runs
+        give_back_unrun([step])  # cancelled (or stalled) between the claim and now: nothing runs
         return NOTHING
     with tracing.attempt_span(step) as span:
         begun = _attempt(step, chain)
@@ -234,3 +234,14 @@ def _gate(
             return StepOutcome.from_error(error, precondition=True, body_ran=False)
         waiting.park(ledger, locked, names, timeout_at)
         return None
+
+
+def give_back_unrun(steps: Iterable[WorkflowStep]) -> None:
+    """Give back the slots of claimed attempts found cancelled before their body ran (one unit of work each).
+
+    Attempts under no concurrency key cost nothing: no query.
+    """
+    for step in steps:
+        if slots.concurrency_names(step):
+            with locked_step(step.run_id, step.pk) as (ledger, locked):
+                slots.give_back(ledger, locked)

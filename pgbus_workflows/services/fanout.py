@@ -21,28 +21,21 @@ from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count
-from django.dispatch import receiver
 
 from .. import sql
 from ..conf import settings
 from ..dsl.definitions import resolve_wait
 from ..dsl.deploy import can_run_job
 from ..dsl.jobs import resolve_job, stored_backoff
-from ..exceptions import FanOutFailed
-from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowRun, WorkflowStep
+from ..models import FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from ..sql import clock, rows
-from ..states import RunStatus, StepStatus, job_event
-from . import waiting
+from ..states import StepStatus, job_event
 from .body import Awaiting
 from .chain import Chain
-from .children import CHILD_PREFIX
 from .handle import handle_class
-from .ledger import RunLedger
-from .lineage import child_ended
-from .locks import RunLocked, locked_step
-from .outcome import StepOutcome
+from .locks import RunLocked, locked_step, resolve_if_done
 from .payload import encode_payload, storable_text
+from .resolution import resolve_in_ledger, unfinished
 from .transactions import CONNECTION_ERRORS, commit_once, with_reconnect
 
 logger = logging.getLogger("pgbus_workflows")
@@ -320,66 +313,6 @@ def _fail(job: FanOutJob, error: str) -> str:
         if retried:
             return JobStatus.PENDING
     return JobStatus.FAILED if finish_attempt(job, JobStatus.FAILED, error=error) else ""
-
-
-def unfinished(step_pk: int) -> bool:
-    """True while any job of the fan-out is pending or running (stops at the first: indexed)."""
-    return FanOutJob.objects.filter(step_id=step_pk, status__in=UNFINISHED_JOB).exists()
-
-
-def resolve_if_done(step_pk: int, run_pk: int, *, skip_locked: bool = False) -> bool:
-    """Resolve the fan-out when no job is left; True for the one caller whose resolution won.
-
-    ``skip_locked`` (the sweep): raise :class:`~.locks.RunLocked` rather than wait for the run.
-    """
-    if unfinished(step_pk):
-        return False
-    with locked_step(run_pk, step_pk, skip_locked=skip_locked) as (ledger, step):
-        if step is None:
-            return False
-        return resolve_in_ledger(ledger, step)
-
-
-def resolve_in_ledger(ledger: RunLedger, step: WorkflowStep) -> bool:
-    """Under the run lock: resolve a waiting fan-out whose jobs all ended (a paused run waits for resume)."""
-    if step.status != StepStatus.WAITING or step.fan_out_total is None:
-        return False
-    if ledger.run.status != RunStatus.WAITING or unfinished(step.pk):
-        return False
-    counts, definition = progress(step), ledger.cls.step_definition(step.step_name)
-    summary = {"total": counts["total"], "succeeded": counts["succeeded"], "failed": counts["failed"]}
-    if definition is not None and definition.on_job_failure == "run":  # the body reads the ends (a durable function)
-        waiting.wake(ledger, step, kind="fan_out_ended", details={"fan_out": summary})
-        return True
-    members = "children" if step.jobs.filter(function__startswith=CHILD_PREFIX).exists() else "jobs"
-    if counts["failed"] and (definition is None or definition.on_job_failure == "fail"):
-        error = FanOutFailed(f"{counts['failed']} of {counts['total']} {members} of {step.step_name} failed")
-        outcome = StepOutcome.from_error(error, details={"fan_out": summary})
-    else:
-        # The output the body kept is the step's; without one, the counts are.
-        output = summary if step.output is None else step.output
-        outcome = StepOutcome("success", output=output, details={"fan_out": summary})
-    waiting.resolve(ledger, step, outcome)
-    return True
-
-
-@receiver(child_ended)
-def _child_ended(sender: Any, step_pk: int, run_pk: int, **kwargs: Any) -> None:
-    """A child run ended (or a re-attached fan-out found them all ended): resolve the parent's step."""
-    with_reconnect(partial(resolve_if_done, step_pk, run_pk))
-
-
-def progress(step: WorkflowStep) -> dict[str, int]:
-    """``{"total", "succeeded", "failed", "cancelled", "pending"}`` for a fan-out attempt."""
-    rows = FanOutJob.objects.filter(step_id=step.pk).values_list("status").annotate(n=Count("pk")).order_by()
-    by_status = dict(rows)
-    return {
-        "total": step.fan_out_total or 0,
-        "succeeded": by_status.get(JobStatus.SUCCEEDED, 0),
-        "failed": by_status.get(JobStatus.FAILED, 0),
-        "cancelled": by_status.get(JobStatus.CANCELLED, 0),
-        "pending": by_status.get(JobStatus.PENDING, 0) + by_status.get(JobStatus.RUNNING, 0),
-    }
 
 
 def cancel_pending_jobs(step: WorkflowStep) -> int:

@@ -17,8 +17,9 @@ from ..conf import settings
 from ..models import UNFINISHED_JOB, FanOutJob, JobStatus, WorkflowStep
 from ..sql import clock
 from ..states import RunStatus, StepStatus, job_event
-from .fanout import BATCH_SIZE, finish_attempt, resolve_if_done
+from .fanout import BATCH_SIZE, finish_attempt
 from .isolation import RowFailures
+from .locks import resolve_if_done
 
 
 def recover_jobs(now: datetime, dead: list[str] | None = None, failures: RowFailures | None = None) -> int:

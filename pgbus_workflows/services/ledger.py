@@ -31,7 +31,7 @@ from ..states import (
 )
 from . import fairness, limiting, transactions
 from .handle import attempt_route, handle_class
-from .lineage import end_parent_job, settle_after_commit
+from .lineage import end_parent_job
 from .payload import storable_text
 
 if TYPE_CHECKING:
@@ -75,6 +75,11 @@ class RunLedger:
         #: The concurrency slots attempts leaving ``in_progress`` give back (``services.limiting``).
         self.releasing: list[str] = []
         self._releasing_queue = ""
+        #: ``(step pk, run pk)`` of fan-outs to resolve once the unit of work commits: the lock
+        #: block that made this ledger resolves them (``locks.resolve_if_done``).
+        self.settling: set[tuple[int, int]] = set()
+        #: Pks of the parent's fan-out jobs a child run's end wrote: their fan-outs too.
+        self.settling_jobs: set[int] = set()
 
     def lock_step(self, pk: int) -> WorkflowStep | None:
         """The step row ``pk`` of this run, locked (after the run, as always)."""
@@ -355,21 +360,15 @@ class RunLedger:
 
     def settle(self, step: WorkflowStep) -> None:
         """Once this unit of work commits, resolve the fan-out ``step`` of this run if its members all ended."""
-        self._settle({(step.pk, self.run.pk)})
-
-    def _settle(self, fan_outs: set[tuple[int, int]]) -> None:
-        """Resolve these fan-outs after commit: once per batch of ledgers (siblings ending together)."""
-        if self.writes is not None:
-            self.writes.settle |= fan_outs
-        else:
-            settle_after_commit(fan_outs)
+        self.settling.add((step.pk, self.run.pk))
 
     def _announce_end(self) -> list[str]:
         """A run that ended: its parent's job learns it; returns the ids to NOTIFY on :func:`ended_channel`."""
         if self._ended is None:
             return []
         (status, step, reason), self._ended = self._ended, None
-        end_parent_job(self.run, status, step, reason, self.now, self.writes)
+        if (job_pk := end_parent_job(self.run, status, step, reason, self.now, self.writes)) is not None:
+            self.settling_jobs.add(job_pk)
         return [str(self.run.workflow_id)] if self.run.awaited else []  # someone awaits its result()
 
     def _defer(self, writes: WriteBatch) -> None:

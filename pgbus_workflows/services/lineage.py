@@ -5,16 +5,14 @@ and writes the job row it returns with the rest of its unit of work (batched wit
 outcomes of a dispatcher's batch). The child's result (or why it was cancelled) goes on the
 parent's fan-out job row, never on the parent's run row: locks are only ever taken parent
 first (a parent's cancel locks its children), so the child's transaction must not wait for
-its parent. Once it commits, :data:`child_ended` tells ``services.fanout`` to resolve the
-parent's step in a transaction of its own (and the sweep resolves one whose wake-up was lost).
+its parent. The ledger keeps the job's pk, and the lock block that made the ledger resolves
+the parent's step once that transaction commits, in one of its own
+(``locks.resolve_if_done``); the sweep resolves one whose resolution was lost.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-from django.db import transaction
-from django.dispatch import Signal
 
 from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from ..sql import rows
@@ -23,9 +21,6 @@ from .payload import storable_text
 
 if TYPE_CHECKING:
     from ..sql.bulk import WriteBatch
-
-#: Sent after the commit that ended a child run: ``step_pk`` and ``run_pk`` of the parent's fan-out.
-child_ended = Signal()
 
 #: The job columns a child's end writes.
 END_FIELDS = ("status", "finished_at", "result", "error")
@@ -62,23 +57,6 @@ def child_end(
     return rows.build(FanOutJob, id=run.parent_job_id, status=JobStatus.FAILED, finished_at=now, error=error)
 
 
-def settle_after_commit(fan_outs: set[tuple[int, int]], jobs: set[int] | None = None) -> None:
-    """Once the current transaction commits, send :data:`child_ended` once per fan-out.
-
-    ``fan_outs`` are ``(step pk, run pk)``; ``jobs`` are job pks whose fan-outs are looked up
-    then, in one query for all of them.
-    """
-    pending, job_pks = set(fan_outs), sorted(jobs or ())
-
-    def send() -> None:
-        if job_pks:
-            pending.update(FanOutJob.objects.filter(pk__in=job_pks).values_list("step_id", "run_id").distinct())
-        for step_pk, run_pk in sorted(pending):
-            child_ended.send(sender=settle_after_commit, step_pk=step_pk, run_pk=run_pk)
-
-    transaction.on_commit(send, robust=True)
-
-
 def end_parent_job(
     run: WorkflowRun,
     status: str,
@@ -86,14 +64,16 @@ def end_parent_job(
     reason: str | None,
     now: Any,
     writes: WriteBatch | None,
-) -> None:
-    """A child run that ended: its parent's job learns it (written with ``writes``, or now), then its fan-out."""
+) -> int | None:
+    """A child run that ended: its parent's job learns it (written with ``writes``, or now).
+
+    Returns the job's pk, whose fan-out is to be resolved once this commits (None: not a child).
+    """
     job = child_end(run, status, step, reason, now)
     if job is None:
-        return
+        return None
     if writes is not None:
         writes.update(job, END_FIELDS)
-        writes.settle_jobs.add(job.pk)
     else:
         rows.update(job, END_FIELDS)
-        settle_after_commit(set(), {job.pk})
+    return job.pk

@@ -2,24 +2,29 @@
 
 The run's row is locked (``SELECT ... FOR UPDATE``) before any of its steps, always in
 that order, and what the block's :class:`~.ledger.RunLedger` collected (transitions,
-events, wake-ups) is written in the same transaction when the block ends.
+events, wake-ups) is written in the same transaction when the block ends. Once that
+transaction commits, the block resolves the fan-outs its ledgers asked for (a child run
+ended, or a fan-out's children were all found ended): :func:`resolve_if_done`, each in a
+block of its own, which may end a parent that is itself a child, and so on up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from functools import partial
 
 from django.db import transaction
 
 from .. import sql
 from ..conf import settings
-from ..models import WorkflowRun, WorkflowStep
+from ..models import FanOutJob, WorkflowRun, WorkflowStep
 from ..sql import rows
 from ..sql.bulk import WriteBatch
 from .ledger import RunLedger, Unit
-from .lineage import settle_after_commit
+from .resolution import resolve_in_ledger, unfinished
+from .transactions import with_reconnect
 
 
 class RunLocked(Exception):
@@ -47,6 +52,7 @@ def locked_step(
             ledger = RunLedger(run, now)
             yield ledger, ledger.lock_step(step_pk)
             ledger.flush()
+            _resolve_after_commit([ledger])
             return
         if sql.postgresql():
             pair = rows.lock_pair(WorkflowRun, WorkflowStep, "run_id", run_pk, step_pk)
@@ -60,6 +66,7 @@ def locked_step(
             ledger = RunLedger(run, now)
             yield ledger, ledger.lock_step(step_pk)
         ledger.flush()
+        _resolve_after_commit([ledger])
 
 
 @contextmanager
@@ -89,6 +96,7 @@ def locked_steps(
             for ledger, _ in units:
                 if ledger is not None:
                     ledger.flush()
+            _resolve_after_commit(ledger for ledger, _ in units if ledger is not None)
         return
     names = sorted({name for _, _, name in items if name})
     attempts = (sql.statement("latest_attempts"), [[run_pk for run_pk, _, _ in items], names])
@@ -112,8 +120,7 @@ def locked_steps(
             if ledger is not None:
                 ledger.flush()
         writes.send(settings.NOTIFY_CHANNEL)
-        if writes.settle or writes.settle_jobs:
-            settle_after_commit(writes.settle, writes.settle_jobs)
+        _resolve_after_commit(ledger for ledger, _ in units if ledger is not None)
 
 
 @contextmanager
@@ -129,3 +136,42 @@ def locked_run(pk: int, *, now: datetime | None = None) -> Iterator[RunLedger]:
         ledger = RunLedger(run, now)
         yield ledger
         ledger.flush()
+        _resolve_after_commit([ledger])
+
+
+def resolve_if_done(step_pk: int, run_pk: int, *, skip_locked: bool = False) -> bool:
+    """Resolve the fan-out when no job is left; True for the one caller whose resolution won.
+
+    ``skip_locked`` (the sweep): raise :class:`RunLocked` rather than wait for the run.
+    """
+    if unfinished(step_pk):
+        return False
+    with locked_step(run_pk, step_pk, skip_locked=skip_locked) as (ledger, step):
+        if step is None:
+            return False
+        return resolve_in_ledger(ledger, step)
+
+
+def _resolve_after_commit(ledgers: Iterable[RunLedger]) -> None:
+    """Once the current transaction commits, resolve each fan-out the ``ledgers`` asked for, once.
+
+    Siblings ending in one batch ask for their parent's fan-out once; the fan-outs of the
+    jobs a child's end wrote are looked up then, in one query for all of them.
+    """
+    fan_outs: set[tuple[int, int]] = set()
+    job_pks: set[int] = set()
+    for ledger in ledgers:
+        fan_outs |= ledger.settling
+        job_pks |= ledger.settling_jobs
+    if not (fan_outs or job_pks):
+        return
+
+    def resolve() -> None:
+        if job_pks:
+            fan_outs.update(
+                FanOutJob.objects.filter(pk__in=sorted(job_pks)).values_list("step_id", "run_id").distinct()
+            )
+        for step_pk, run_pk in sorted(fan_outs):
+            with_reconnect(partial(resolve_if_done, step_pk, run_pk))
+
+    transaction.on_commit(resolve, robust=True)

@@ -19,6 +19,7 @@ from .ledger import RunLedger
 from .locks import locked_run
 from .outcome import StepOutcome, continue_after, return_signal
 from .payload import load_subject
+from .resolution import resolve_in_ledger
 from .start import start_run
 
 DEFAULT_ACTOR = "api"
@@ -60,7 +61,7 @@ def resume(pk: int, *, actor: str | None = None, reason: str | None = None) -> W
             step=active,
         )
         if active.status == StepStatus.WAITING and active.fan_out_total is not None:
-            fanout.resolve_in_ledger(ledger, active)  # its jobs may all have ended while it was paused
+            resolve_in_ledger(ledger, active)  # its jobs may all have ended while it was paused
     return ledger.run
 
 

@@ -5,12 +5,10 @@ may still run (``WorkflowStep.holds_slots``): a cancel or a ``resume_at`` of a r
 (:func:`cancel_attempt`) leaves its slots taken, so the next step of the key does not start
 beside the body still running. They are given back when the body returns (its outcome is
 discarded: :func:`give_back`), when its dispatcher finds it cancelled before the body ran
-(:func:`give_back_unrun`), or by the sweep once the attempt is stalled (``services.slot_sweep``).
+(``executor.give_back_unrun``), or by the sweep once the attempt is stalled (``services.slot_sweep``).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from ..dsl.limits import CONCURRENCY, limit_label
 from ..models import WorkflowStep
@@ -18,7 +16,6 @@ from ..sql import rows
 from ..states import StepStatus
 from . import limiting
 from .ledger import RunLedger
-from .locks import locked_step
 
 
 def concurrency_names(step: WorkflowStep) -> list[str]:
@@ -50,14 +47,3 @@ def give_back(ledger: RunLedger, step: WorkflowStep | None) -> bool:
     else:
         ledger.writes.update(step, ["holds_slots"])
     return True
-
-
-def give_back_unrun(steps: Iterable[WorkflowStep]) -> None:
-    """Give back the slots of claimed attempts found cancelled before their body ran (one unit of work each).
-
-    Attempts under no concurrency key cost nothing: no query.
-    """
-    for step in steps:
-        if concurrency_names(step):
-            with locked_step(step.run_id, step.pk) as (ledger, locked):
-                give_back(ledger, locked)

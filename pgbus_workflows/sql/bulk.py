@@ -121,10 +121,6 @@ class WriteBatch:
         self.notify: set[str] = set()
         #: Workflow ids of awaited runs that ended: NOTIFY on ``{channel}_ended``.
         self.ended: set[str] = set()
-        #: ``(step pk, run pk)`` of fan-outs to resolve once the transaction commits (a child ended).
-        self.settle: set[tuple[int, int]] = set()
-        #: Pks of fan-out jobs whose child ended: their fan-outs too (looked up after commit).
-        self.settle_jobs: set[int] = set()
         #: Statements run after every other write: they read the rows written before them.
         self.after: list[Statement] = []
         #: Writes that the batch's units make one statement of, by name (sorted), before ``after``:

@@ -5,6 +5,7 @@ cycle made only by an annotation, a module grown past 400 lines or a new module 
 fails here too, with its name.
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -59,6 +60,21 @@ def test_the_cycle_finder_finds_a_cycle_made_only_for_annotations():
     graph = grimp.build_graph("pgbus_workflows", exclude_type_checking_imports=False)
     graph.add_import(importer="pgbus_workflows.dsl.definitions", imported="pgbus_workflows.workflow")
     assert any("pgbus_workflows.dsl.definitions" in cycle for cycle in import_cycles(graph))
+
+
+def test_a_childs_end_reaches_its_parent_by_calls_down_the_stack():
+    """docs/architecture.md, "A child's end reaches its parent": no signal in the engine, locks call the resolution."""
+    graph = grimp.build_graph("pgbus_workflows", exclude_type_checking_imports=False)
+    services = "pgbus_workflows.services"
+    assert graph.direct_import_exists(importer=f"{services}.locks", imported=f"{services}.resolution")
+    below = ["resolution", "ledger", "lineage", "waiting", "outcome"]
+    assert [m for m in below if graph.chain_exists(importer=f"{services}.{m}", imported=f"{services}.locks")] == []
+    signalling = []
+    for path in sorted((PACKAGE / "services").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("django.dispatch"):
+                signalling.append(path.name)
+    assert signalling == []
 
 
 def test_no_module_is_over_400_lines():

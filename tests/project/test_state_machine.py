@@ -66,7 +66,7 @@ from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, Workflo
 from pgbus_workflows.services import operator
 from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.executor import execute_step
-from pgbus_workflows.services.waiting import expire_due_waits
+from pgbus_workflows.services.timeouts import expire_due_waits
 from pgbus_workflows.states import ACTIVE_STEP, ONGOING_RUN, RUN_TRANSITIONS, TERMINAL_RUN
 from tests.support import CLOCK_SLACK
 from tests.testapp.models import Order, SideEffect

@@ -319,7 +319,7 @@ class ParentClose(WorkflowTestMixin, TestCase):
         self.assertEqual(child.status, "ready")
         self.speedrun_workflow(child)
         self.assertWorkflowStatus(child, "finished")
-        from pgbus_workflows.services.fanout import resolve_if_done
+        from pgbus_workflows.services.locks import resolve_if_done
 
         parked = WorkflowStep.objects.get(run_id=wf.record.pk, step_name="shipments")
         self.assertFalse(resolve_if_done(parked.pk, wf.record.pk))  # a paused parent waits for its resume
@@ -393,6 +393,19 @@ class TestCommitted:
         run_next(wf)
         assert wf.reload().status == "finished"
         assert wf.result(timeout=5) == 0 + 1 + 2
+
+    def test_a_leafs_end_resolves_its_parent_then_its_grandparent_each_after_a_commit(self):
+        root = Tree.start(depth=1, width=1)
+        run_next(root)
+        [child] = root.children
+        run_next(child)
+        [leaf] = child.children
+        run_next(leaf)  # parks, waiting for "go"
+        leaf.signal("go", 1)
+        assert (child.reload().status, root.reload().status) == ("waiting", "waiting")
+        run_next(leaf)
+        assert leaf.reload().status == "finished"
+        assert (child.reload().status, root.reload().status) == ("finished", "finished")
 
     def test_result_waits_for_the_end_and_returns_it(self, monkeypatch):
         # No re-read within the test: only the end's NOTIFY can wake the waiter.

@@ -28,7 +28,7 @@ from pgbus_workflows.services.claims import claim_due_steps, claim_step
 from pgbus_workflows.services.deploys import pause_unknown_steps, skip_parked_gravestones
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.retention import delete_expired_runs
-from pgbus_workflows.services.waiting import expire_due_waits
+from pgbus_workflows.services.timeouts import expire_due_waits
 from tests.support import labels, operation_url, run_page, statements_sent
 from tests.testapp.deploy_workflows import Evolving, Retiring
 from tests.testapp.models import SideEffect

@@ -21,7 +21,6 @@ from pgbus_workflows.conf import settings as wf_settings
 from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.exceptions import FanOutFailed, StepWaiting, TestHelperError
 from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowStep
-from pgbus_workflows.services import fanout
 from pgbus_workflows.services.claims import claim_step
 from pgbus_workflows.services.executor import execute_step
 from pgbus_workflows.services.fanout import (
@@ -29,10 +28,10 @@ from pgbus_workflows.services.fanout import (
     claim_due_jobs,
     claim_job,
     execute_job,
-    progress,
-    resolve_if_done,
 )
 from pgbus_workflows.services.fanout_recovery import recover_jobs, resolve_lost_fan_outs
+from pgbus_workflows.services.locks import resolve_if_done
+from pgbus_workflows.services.resolution import progress
 from pgbus_workflows.sql import clock
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import events_of, kinds, run_next
@@ -1141,7 +1140,7 @@ def test_progress_counts_the_jobs_by_state():
 
     assert cancel_pending_jobs(step) == 1
     assert progress(step) == {"total": 3, "succeeded": 1, "failed": 1, "cancelled": 1, "pending": 0}
-    assert fanout.progress(step)["total"] == 3
+    assert progress(step)["total"] == 3
 
 
 # -- 5. the test helper ------------------------------------------------------------------------------

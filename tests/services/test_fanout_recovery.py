@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.models import FanOutJob, WorkflowStep
-from pgbus_workflows.services import fanout
+from pgbus_workflows.services import fanout, locks
 from pgbus_workflows.services.fanout import claim_due_jobs, execute_job, resolve_if_done
 from pgbus_workflows.services.fanout_recovery import ended_fan_outs, resolve_lost_fan_outs
 from pgbus_workflows.services.stuck import gauge
@@ -99,7 +99,8 @@ def test_a_resolution_failing_in_the_ends_transaction_keeps_the_end_and_is_tried
             raise RuntimeError("the resolution failed once")
         return resolve(ledger, step)
 
-    monkeypatch.setattr(fanout, "resolve_in_ledger", fails_first)
+    monkeypatch.setattr(fanout, "resolve_in_ledger", fails_first)  # in the ends' transaction
+    monkeypatch.setattr(locks, "resolve_in_ledger", fails_first)  # after the commit
 
     assert execute_job(job) == "succeeded"
 

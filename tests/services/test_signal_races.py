@@ -17,7 +17,7 @@ from pgbus_workflows.models import WorkflowRun, WorkflowSignal
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.signals import deliver_signal
-from pgbus_workflows.services.waiting import expire_due_waits
+from pgbus_workflows.services.timeouts import expire_due_waits
 from tests.support import kinds, record, steps_of
 from tests.testapp.models import Order, SideEffect
 from tests.threads import JOIN_TIMEOUT, Worker

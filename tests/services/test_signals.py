@@ -31,7 +31,7 @@ from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.services.executor import execute_step, run_due_steps
 from pgbus_workflows.services.signals import deliver_signal
 from pgbus_workflows.services.stuck import gauge
-from pgbus_workflows.services.waiting import expire_due_waits
+from pgbus_workflows.services.timeouts import expire_due_waits
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.procs import eventually
 from tests.support import CLOCK_SLACK, events_of, kinds, labels, record, snapshot, steps_of

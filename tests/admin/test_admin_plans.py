@@ -74,7 +74,7 @@ def analyze() -> None:
 
 
 @pytest.fixture(scope="module")
-def history(django_db_setup, django_db_blocker):
+def committed_history(django_db_setup, django_db_blocker):
     """The history and the runs of interest, committed once for the module's tests, emptied after them.
 
     Each test runs in a transaction rolled back at its end, so none sees another's changes.
@@ -85,10 +85,20 @@ def history(django_db_setup, django_db_blocker):
                 cursor.execute(statement, [HISTORY] if "%s" in statement else [])
         order = Order.objects.create()
         runs = {"paused": paused_on_error(order), "waiting": waiting(), "ready": ready()}
-        analyze()
     yield runs
     with django_db_blocker.unblock():
         call_command("flush", verbosity=0, interactive=False)
+
+
+@pytest.fixture
+def history(committed_history, db):
+    """The history, with the planner's statistics of it fresh in the test's transaction.
+
+    The ANALYZE is rolled back with the test, as the flush leaves statistics alone: committed,
+    the history's statistics would stay on the emptied tables for the rest of the suite.
+    """
+    analyze()
+    return committed_history
 
 
 def plan_nodes(plan):

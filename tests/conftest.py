@@ -18,6 +18,7 @@ import pytest
 from pgbus_workflows import sql
 from pgbus_workflows.dsl.declared import registry
 from tests.procs import DispatcherProcess
+from tests.support import changed_classes
 from tests.testapp.models import Order
 
 
@@ -42,16 +43,22 @@ def order(db):
 
 
 @pytest.fixture
-def remove_limits(monkeypatch):
+def change_classes():
+    """``change_classes(cls, name, value)``: a class attribute changed until the test ends (``changed_classes``)."""
+    with changed_classes() as change:
+        yield change
+
+
+@pytest.fixture
+def remove_limits(change_classes):
     """Take every ``Concurrency`` and ``RateLimit`` out of the project's code, as a deploy that removes the last one."""
 
     def remove() -> None:
         for cls in registry.classes():
-            monkeypatch.setattr(cls, "concurrency", None, raising=False)
-            monkeypatch.setattr(cls, "rate_limit", None, raising=False)
+            change_classes(cls, "concurrency", None)
+            change_classes(cls, "rate_limit", None)
             bare = tuple(replace(d, concurrency=None, rate_limit=None) for d in cls._step_definitions)
-            monkeypatch.setattr(cls, "_step_definitions", bare)
-        monkeypatch.setattr(registry, "version", registry.version + 1)
+            change_classes(cls, "_step_definitions", bare)
 
     return remove
 

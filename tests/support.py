@@ -1,4 +1,4 @@
-"""Helpers the test files share: side effects, running one step, reading a run's rows, the admin's URLs.
+"""Helpers the test files share: side effects, changed classes, running one step, a run's rows, the admin's URLs.
 
 A test file keeps its workflow classes and the helpers only it needs; what several files
 read or do the same way lives here, once. Every helper works on a run's handle (``wf``)
@@ -14,12 +14,14 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.urls import reverse
 
 from pgbus_workflows import Workflow
+from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
 from pgbus_workflows.services.claims import claim_step
 from pgbus_workflows.services.executor import execute_step
@@ -94,6 +96,29 @@ def record(label: str, key: str = "") -> None:
 def labels() -> list[str]:
     """The labels of every SideEffect row, in the order they were written."""
     return list(SideEffect.objects.order_by("pk").values_list("label", flat=True))
+
+
+# -- changing the code's classes ----------------------------------------------------------------------
+
+
+@contextmanager
+def changed_classes() -> Iterator[Callable[[Any, str, Any], None]]:
+    """``change(target, name, value)`` sets an attribute of a workflow class until the block ends.
+
+    Each change, and the undoing of them all, moves the registry's version on, as registering
+    a class does: what is cached by it (``dsl.deploy``'s catalog and whether a class has
+    fairness) is made again. Never back: a version put back by ``monkeypatch`` comes again when
+    a later test registers a class, and a catalog cached under it without that class leaves
+    its steps unclaimed.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+
+        def change(target: Any, name: str, value: Any) -> None:
+            patch.setattr(target, name, value, raising=False)
+            registry.version += 1
+
+        yield change
+    registry.version += 1
 
 
 # -- running one step --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Fairness: claims take the due steps of several keys in turn (weighted), across dispatchers, with no per-key scan."""
 
+import json
 from dataclasses import replace
 from datetime import timedelta
 
@@ -8,6 +9,7 @@ from django.db import connection
 
 from pgbus_workflows import Concurrency, Fairness, Workflow, hold_class, release_class, step
 from pgbus_workflows.dsl.declared import registry
+from pgbus_workflows.dsl.deploy import any_fairness, catalog_json
 from pgbus_workflows.dsl.fairness import FAIR_QUANTUM
 from pgbus_workflows.exceptions import ConfigurationError
 from pgbus_workflows.models import FanOutJob, WorkflowRun, WorkflowStep
@@ -18,17 +20,16 @@ from pgbus_workflows.sql import clock
 from pgbus_workflows.sql.claiming import claim_steps
 from pgbus_workflows.sql.statements import columns
 from tests.sql.test_claim_ranges import MORE_PAGES, pages_read, settle
-from tests.support import scheduled
+from tests.support import changed_classes, scheduled
 from tests.testapp.fair_workflows import TENANT_FAIRNESS, Tenanted
 
 TENANTS = ["tenants"]
 
 
 @pytest.fixture
-def fair(monkeypatch):
+def fair(change_classes):
     """``Tenanted`` with its fairness declared (the catalog then has a class with fairness)."""
-    monkeypatch.setattr(Tenanted, "fairness", TENANT_FAIRNESS)
-    monkeypatch.setattr(registry, "version", registry.version + 1)
+    change_classes(Tenanted, "fairness", TENANT_FAIRNESS)
 
 
 def _claim(limit: int) -> list[WorkflowStep]:
@@ -96,10 +97,9 @@ def test_the_next_step_of_a_run_is_tagged_in_the_outcomes_batch(fair):
 
 
 @pytest.mark.django_db
-def test_a_class_that_drops_its_fairness_leaves_no_step_stranded(fair, monkeypatch):
+def test_a_class_that_drops_its_fairness_leaves_no_step_stranded(fair, change_classes):
     tagged = _start("a", 3)
-    monkeypatch.setattr(Tenanted, "fairness", None)  # the deploy that removes it
-    monkeypatch.setattr(registry, "version", registry.version + 1)
+    change_classes(Tenanted, "fairness", None)  # the deploy that removes it
 
     claimed = _claim(10)
 
@@ -107,9 +107,9 @@ def test_a_class_that_drops_its_fairness_leaves_no_step_stranded(fair, monkeypat
 
 
 @pytest.mark.django_db
-def test_a_changed_key_function_leaves_no_step_stranded(fair, monkeypatch):
+def test_a_changed_key_function_leaves_no_step_stranded(fair, change_classes):
     tagged = _start("a", 2)
-    monkeypatch.setattr(Tenanted, "fairness", Fairness(key="everyone"))
+    change_classes(Tenanted, "fairness", Fairness(key="everyone"))
 
     later = _start("b", 1)
     claimed = _claim(10)
@@ -178,11 +178,11 @@ def test_a_key_with_nothing_waiting_starts_again_from_its_due_time(fair):
 
 
 @pytest.mark.django_db
-def test_a_bad_key_or_weight_at_start_is_a_value_error_and_nothing_is_written(monkeypatch):
-    monkeypatch.setattr(Tenanted, "fairness", Fairness(key=lambda wf: wf.arguments["missing"]))
+def test_a_bad_key_or_weight_at_start_is_a_value_error_and_nothing_is_written(change_classes):
+    change_classes(Tenanted, "fairness", Fairness(key=lambda wf: wf.arguments["missing"]))
     with pytest.raises(ValueError, match=r"tenanted\.first: the Fairness key callable raised KeyError"):
         Tenanted.start(tenant="a")
-    monkeypatch.setattr(Tenanted, "fairness", Fairness(key="k", weight=lambda key: 0))
+    change_classes(Tenanted, "fairness", Fairness(key="k", weight=lambda key: 0))
     with pytest.raises(ValueError, match="weight must be an integer from 1 to 1000000"):
         Tenanted.start(tenant="a")
 
@@ -203,8 +203,8 @@ def test_a_held_class_is_not_claimed_and_its_steps_are_claimed_by_their_places_o
 
 
 @pytest.mark.django_db
-def test_a_full_concurrency_key_holds_its_steps_back_and_the_next_key_in_turn_is_taken(fair, monkeypatch):
-    monkeypatch.setattr(Tenanted, "concurrency", Concurrency(key=lambda wf: f"c:{wf.arguments['tenant']}", limit=1))
+def test_a_full_concurrency_key_holds_its_steps_back_and_the_next_key_in_turn_is_taken(fair, change_classes):
+    change_classes(Tenanted, "concurrency", Concurrency(key=lambda wf: f"c:{wf.arguments['tenant']}", limit=1))
     _start("a", 4)
     _start("b", 1)
     _start("c", 1)
@@ -227,11 +227,11 @@ def test_a_step_that_comes_due_after_a_wait_is_placed_by_a_claim_and_taken_in_tu
 
 
 @pytest.mark.django_db
-def test_a_steps_own_fairness_takes_the_place_of_its_classs(fair, monkeypatch):
+def test_a_steps_own_fairness_takes_the_place_of_its_classs(fair, change_classes):
     own = Fairness(key=lambda wf: f"step:{wf.arguments['tenant']}")
     steps = tuple(replace(d, fairness=own) if d.name == "first" else d for d in Tenanted._step_definitions)
-    monkeypatch.setattr(Tenanted, "_step_definitions", steps)
-    monkeypatch.setattr(Tenanted, "fairness", None)
+    change_classes(Tenanted, "_step_definitions", steps)
+    change_classes(Tenanted, "fairness", None)
 
     [wf] = _start("a", 1)
 
@@ -250,3 +250,21 @@ def test_a_steps_fairness_is_checked_when_its_class_is_defined():
             @step(fairness="tenant")
             def only(self):
                 return None
+
+
+def test_a_class_registered_after_a_change_is_undone_is_in_the_claims_catalog():
+    with changed_classes() as change:
+        change(Tenanted, "fairness", TENANT_FAIRNESS)
+        assert any_fairness() and "fairness_late" not in json.loads(catalog_json())  # cached for the changed classes
+
+    class Late(Workflow):
+        name = "fairness_late"
+
+        @step
+        def only(self):
+            return None
+
+    try:
+        assert "fairness_late" in json.loads(catalog_json())  # else its steps are never claimed
+    finally:
+        registry.unregister("fairness_late")

@@ -2,7 +2,6 @@
 
 import pytest
 
-from pgbus_workflows.dsl.declared import registry
 from pgbus_workflows.models import Dispatcher, WorkflowRun, WorkflowStep
 from tests.procs import eventually
 from tests.testapp.fair_workflows import TENANT_FAIRNESS, Tenanted
@@ -16,10 +15,9 @@ FAIR_ENV = {"PGBUS_TESTAPP_FAIRNESS": "1"}
 
 
 def test_a_tenant_with_few_runs_finishes_before_a_tenant_with_many_drains_across_two_dispatchers(
-    dispatchers, monkeypatch
+    dispatchers, change_classes
 ):
-    monkeypatch.setattr(Tenanted, "fairness", TENANT_FAIRNESS)  # this process starts the runs: it tags them
-    monkeypatch.setattr(registry, "version", registry.version + 1)
+    change_classes(Tenanted, "fairness", TENANT_FAIRNESS)  # this process starts the runs: it tags them
     Tenanted.start_many([{"arguments": {"tenant": "big"}} for _ in range(150)])
     for _ in range(10):
         Tenanted.start(tenant="small")  # each started after every run of big

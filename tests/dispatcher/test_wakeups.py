@@ -127,12 +127,12 @@ def test_a_trickle_goes_to_the_first_dispatcher_of_the_group(two_dispatchers):
 
 @pytest.mark.processes
 def test_what_the_first_cannot_take_a_follower_takes(two_dispatchers):
-    slow = Slow.start(seconds=5)
+    slow = Slow.start(seconds=120)  # busy for longer than the test waits: the dispatchers are killed after it
     eventually(lambda: SideEffect.objects.filter(label="slow-start").exists(), what="the slow body")
     busy = WorkflowStep.objects.get(run_id=slow.record.pk, step_name="work").claimed_by
 
     quick = NoOp3.start()  # the busy one's only slot is taken: the other must run it
-    eventually(lambda: quick.reload().status == "finished", timeout=4, what="the quick run")
+    eventually(lambda: quick.reload().status == "finished", what="the quick run")
 
     assert not SideEffect.objects.filter(label="slow-end").exists()
     assert WorkflowStep.objects.get(run_id=quick.record.pk, step_name="a").claimed_by != busy

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from django.test import override_settings
@@ -71,16 +70,25 @@ def test_a_sigterm_delivered_to_another_thread_wakes_the_waiting_loop_at_once():
     (a minute here). The wake-up socket is the process's signal wake-up fd, so it does not."""
     dispatcher = WorkflowDispatcher(concurrency=1, sweep=False, schedules=False)
     sent = threading.Event()
+    entered: list[float] = []  # the timeout of each wait the loop began
+    woken: list[bool] = []  # what each returned: True when woken, False when its poll ran out
+    wait = dispatcher._wake.wait
+
+    def watched_wait(timeout):
+        entered.append(timeout)
+        woken.append(wait(timeout))
+        return woken[-1]
+
+    dispatcher._wake.wait = watched_wait
 
     def from_another_thread():
-        eventually(lambda: Dispatcher.objects.filter(name=dispatcher.name).exists(), what="the dispatcher")
-        time.sleep(1)  # its first round is over: the loop waits for the poll
+        # The first wait ends on the listener's wake-up once it listens; the second waits for the poll.
+        eventually(lambda: len(entered) == 2 and len(woken) == 1, what="the loop's second wait")
         signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
         sent.set()
 
     Worker(from_another_thread).start()
-    began = time.monotonic()
     assert dispatcher.run() == 0  # on this, the main thread: its handlers are installed
     assert sent.is_set()
-    assert time.monotonic() - began < 30, "the loop slept through the signal until its poll"
+    assert woken == [True, True], "the loop slept through the signal until its poll"
     assert not Dispatcher.objects.filter(name=dispatcher.name).exists()

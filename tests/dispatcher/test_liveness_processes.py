@@ -1,11 +1,9 @@
 """A SIGKILLed dispatcher's step runs again within seconds: its LISTEN session is gone (real processes).
 
-With ``DISPATCHER_DEAD_AFTER`` and ``SWEEP_INTERVAL`` at five minutes, only the liveness lock
-can tell the death within the test's bound: the survivor's heartbeat sees the lock free and
-the heartbeat two intervals old, and runs its sweep at once.
+With ``DISPATCHER_DEAD_AFTER`` and ``SWEEP_INTERVAL`` at an hour, only the liveness lock can
+tell the death while the test waits: the survivor's heartbeat sees the lock free and the
+heartbeat two intervals old, and runs its sweep at once.
 """
-
-import time
 
 import pytest
 
@@ -17,8 +15,8 @@ pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 SETTINGS = {
     "HEARTBEAT_INTERVAL": 0.5,
-    "DISPATCHER_DEAD_AFTER": 300,
-    "SWEEP_INTERVAL": 300,
+    "DISPATCHER_DEAD_AFTER": 3600,
+    "SWEEP_INTERVAL": 3600,
     "POLL_INTERVAL": 0.2,
     "STALL_ACTION": "reattempt",
 }
@@ -41,10 +39,9 @@ def test_a_killed_dispatchers_step_is_reattempted_by_another_long_before_dead_af
     eventually(lambda: Dispatcher.objects.count() == 2, timeout=60, what="the survivor to register")
 
     doomed.kill()
-    killed_at = time.monotonic()
+    # The promise is "long before DISPATCHER_DEAD_AFTER": an hour, against this wait's 90 s.
     eventually(lambda: wf.reload().status == "finished", timeout=90, what="the run to finish on the survivor")
 
-    assert time.monotonic() - killed_at < SETTINGS["DISPATCHER_DEAD_AFTER"]
     stalled = WorkflowEvent.objects.get(run=wf.record, kind="step_stalled")
     assert (stalled.details["detection"], stalled.details["claimed_by"]) == ("dead_dispatcher", name)
     attempts = list(WorkflowStep.objects.filter(run=wf.record, step_name="work").order_by("pk"))

@@ -100,8 +100,10 @@ def two_dispatchers():
         eventually(
             lambda: Dispatcher.objects.filter(workers_alive__gt=0).count() == 2, what="both dispatchers registered"
         )
-        time.sleep(1)  # each announced itself: both elected again
         first, follower = sorted(Dispatcher.objects.values_list("name", flat=True))
+        # The first of a group never follows: once the other follows it, both are elected.
+        follows = f"Dispatcher {follower} now follows {first}"
+        eventually(lambda: any(follows in p.output() for p in processes), what="the follower to follow")
         yield first, follower
     finally:
         for process in processes:
@@ -125,12 +127,12 @@ def test_a_trickle_goes_to_the_first_dispatcher_of_the_group(two_dispatchers):
 
 @pytest.mark.processes
 def test_what_the_first_cannot_take_a_follower_takes(two_dispatchers):
-    slow = Slow.start(seconds=5)
+    slow = Slow.start(seconds=120)  # busy for longer than the test waits: the dispatchers are killed after it
     eventually(lambda: SideEffect.objects.filter(label="slow-start").exists(), what="the slow body")
     busy = WorkflowStep.objects.get(run_id=slow.record.pk, step_name="work").claimed_by
 
     quick = NoOp3.start()  # the busy one's only slot is taken: the other must run it
-    eventually(lambda: quick.reload().status == "finished", timeout=4, what="the quick run")
+    eventually(lambda: quick.reload().status == "finished", what="the quick run")
 
     assert not SideEffect.objects.filter(label="slow-end").exists()
     assert WorkflowStep.objects.get(run_id=quick.record.pk, step_name="a").claimed_by != busy
@@ -178,13 +180,14 @@ class _CountedListener:
 
 
 class _CountedWake:
-    """Stands in for the dispatcher's waker: counts how often the listener wakes the loop."""
+    """Stands in for the dispatcher's waker: at each wake-up, how often the listener had read so far."""
 
     def __init__(self):
-        self.times = 0
+        self.listener = None
+        self.reads_at = []
 
     def set(self):
-        self.times += 1
+        self.reads_at.append(self.listener.reads)
 
 
 def test_a_follower_reads_what_comes_during_its_delay_in_one_go_and_wakes_its_loop_once():
@@ -200,20 +203,22 @@ def test_a_follower_reads_what_comes_during_its_delay_in_one_go_and_wakes_its_lo
     ):
         for name in (channel, group):
             conn.execute(psql.SQL("LISTEN {}").format(psql.Identifier(name)))
-        listener = _CountedListener(conn)
+        listener = wake.listener = _CountedListener(conn)
         thread = threading.Thread(target=dispatcher.listener.hear, args=(listener, group))
         thread.start()
         try:
             for _ in range(40):  # 40 starts, one every 5 ms: all within the follower's delay
                 sender.execute("SELECT pg_notify(%s, 'default')", [channel])
                 time.sleep(0.005)
-            eventually(lambda: wake.times, what="the follower's deferred wake-up")
-            time.sleep(0.3)
+            eventually(lambda: wake.reads_at, what="the follower's deferred wake-up")
+            # Three reads later: a NOTIFY left unread would have been read, and its deferred
+            # wake-up set, before the third.
+            eventually(lambda: listener.reads >= wake.reads_at[0] + 3, what="the listener to read on")
         finally:
             dispatcher._stopping.set()
             thread.join(5)
 
-    assert wake.times == 1
-    # The first NOTIFY sets the wake-up; the rest are read together when it is due (one wait
-    # for the next may begin before the stop): about 40 reads, one a NOTIFY, before.
-    assert listener.reads <= 4, listener.reads
+    assert len(wake.reads_at) == 1, wake.reads_at
+    # The first NOTIFY sets the wake-up; the rest are read together when it is due: about 40
+    # reads, one a NOTIFY, before.
+    assert wake.reads_at[0] <= 4, wake.reads_at

@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
@@ -454,9 +455,20 @@ class TestCommitted:
 
         wf = Waiter.start(n=1)
         run_next(wf)
-        waiter = Worker(lambda: _poll_until_ended(wf.record, time.monotonic() + 30))
+        reads = []
+
+        def counted(execute, text, params, many, context):
+            reads.append(text)
+            return execute(text, params, many, context)
+
+        def poll():
+            with connection.execute_wrapper(counted):  # the thread's own connection
+                _poll_until_ended(wf.record, time.monotonic() + 30)
+
+        waiter = Worker(poll)
         waiter.start()
-        time.sleep(0.2)
+        # Read twice: it did not take the first answer, a run still waiting, for the end.
+        eventually(lambda: len(reads) >= 2, what="the waiter to read the status again")
         assert waiter.is_alive()
         wf.signal("go", 1)
         run_next(wf)

@@ -5,7 +5,6 @@ same round trip when the loop must look again (the earliest step or job due late
 a fan-out job is due now (when not, the loop sends no job claim at all).
 """
 
-import time
 from datetime import timedelta
 
 import psycopg
@@ -15,7 +14,7 @@ from django.utils import timezone
 
 from pgbus_workflows import signals, sql
 from pgbus_workflows.conf import settings
-from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
+from pgbus_workflows.models import Dispatcher, FanOutJob, WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.services.claims import claim_and_look_ahead, claim_due_steps, claim_step, still_in_progress
 from pgbus_workflows.services.executor import execute_step
 from tests.procs import DispatcherProcess, eventually
@@ -186,6 +185,18 @@ def test_statements_are_prepared_only_on_the_server_said_to_allow_it(monkeypatch
     assert any("FOR UPDATE OF s SKIP LOCKED" in text for text in prepared_statements())
 
 
+def heartbeats(observer, process, count):
+    """Return once the dispatcher of ``process`` has written ``count`` more heartbeats, read on ``observer``."""
+    read = f"SELECT heartbeat_at FROM {Dispatcher._meta.db_table} WHERE pid = %s"
+    seen = set()
+
+    def another():
+        seen.add(observer.execute(read, [process.proc.pid]).fetchone()[0])
+        return len(seen) > count  # the first seen, then ``count`` newer
+
+    eventually(another, what=f"{count} heartbeats")
+
+
 def transactions_committed():
     """Transactions committed in the test database so far, by every session (the statistics collector's count)."""
     with psycopg.connect(**_direct(), autocommit=True) as conn:
@@ -205,17 +216,20 @@ def _direct():
 def test_a_dispatcher_waits_quietly_beside_a_due_step_it_cannot_run():
     wf = NoOp3.start()
     WorkflowRun.objects.filter(pk=wf.record.pk).update(workflow_class="only_newer_code_knows")
-    process = DispatcherProcess("--no-sweep", settings={"POLL_INTERVAL": 0.5, "HEARTBEAT_INTERVAL": 5})
-    try:
-        eventually(lambda: "started" in process.output(), what="the dispatcher started")
-        time.sleep(1)
-        before = transactions_committed()
-        time.sleep(2)
-        committed = transactions_committed() - before
-    finally:
-        process.stop()
-    # A poll every 0.5 s is a few claims; a loop spinning on the step would be thousands.
-    assert committed < 40, committed
+    # Polls an hour apart: the loop claims once, then only its heartbeat commits.
+    process = DispatcherProcess("--no-sweep", settings={"POLL_INTERVAL": 3600, "HEARTBEAT_INTERVAL": 0.5})
+    # Its heartbeats are watched in one transaction (each read sees the latest), one commit.
+    with psycopg.connect(**_direct()) as observer:
+        try:
+            eventually(lambda: "started" in process.output(), what="the dispatcher started")
+            heartbeats(observer, process, 2)  # its first round is over
+            before = transactions_committed()
+            heartbeats(observer, process, 4)
+            committed = transactions_committed() - before
+        finally:
+            process.stop()
+    # Four heartbeats and the statistics' lag are a few transactions; a loop spinning on the step, thousands.
+    assert committed < 100, committed
     assert scheduled_step(wf).status == "scheduled"
 
 

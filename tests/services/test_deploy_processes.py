@@ -6,13 +6,14 @@ The test process is the web tier, already on the new code of ``tests/testapp/dep
 import os
 import subprocess
 import sys
-import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 import pgbus_workflows
 from pgbus_workflows.models import Dispatcher, WorkflowRun, WorkflowStep
@@ -33,6 +34,19 @@ def status(wf):
     return wf.reload().status
 
 
+def a_whole_sweep():
+    """Return once every phase of a sweep has run after this call.
+
+    Each of two sweeps in turn forgets a dispatcher row gone an hour ago: the first sweep
+    read the rows after the first was written, and the second began after the first ended.
+    """
+    for n in range(2):
+        name = f"gone-{n}"
+        Dispatcher.objects.create(name=name, hostname="gone", pid=1, heartbeat_at=timezone.now() - timedelta(hours=1))
+        forgotten = Dispatcher.objects.filter(name=name)
+        eventually(lambda gone=forgotten: not gone.exists(), what=f"a sweep to forget {name}")
+
+
 def run_first_step_here(wf):
     """The web tier's code runs the first step inline, so the next one is the new code's choice."""
     step = WorkflowStep.objects.get(run_id=wf.record.pk, status="scheduled")
@@ -47,8 +61,9 @@ def test_a_rolling_deploy_leaves_new_steps_to_the_new_dispatchers_and_pauses_not
     counted = Counted.start()
 
     old = dispatchers("--concurrency", "2", settings=FAST, env=OLD)
+    # Claimed after the other two were due: the claims passed over them.
     eventually(lambda: status(counted) == "finished", what="the old dispatcher runs what its code knows")
-    time.sleep(1.5)  # several claims and sweeps later
+    a_whole_sweep()
 
     assert (status(evolving), evolving.current_step) == ("ready", "added")
     assert status(new_only) == "ready"
@@ -87,11 +102,15 @@ def test_runs_parked_by_the_old_code_on_renamed_and_removed_steps_finish_with_on
 def test_the_sweep_pauses_a_step_only_once_no_live_dispatcher_knows_it(dispatchers):
     grace = {**FAST, "UNKNOWN_STEP_GRACE": 1}
     new_only = NewOnly.start()
+    # Due just after it, on a step no code defines: the sweep that pauses it was past the grace
+    # for new_only's step too, and looked at it first.
+    canary = NewOnly.start()
+    WorkflowStep.objects.filter(run_id=canary.record.pk).update(step_name="undefined")
     # A dispatcher with the new code, serving another queue: it cannot take the step, but knows it.
     newer = dispatchers("--queue", "elsewhere", "--no-sweep", settings=grace)
     eventually(lambda: Dispatcher.objects.filter(queues=["elsewhere"]).exists(), what="the newer dispatcher")
     old = dispatchers(settings=grace, env=OLD)
-    time.sleep(3)
+    eventually(lambda: status(canary) == "paused", what="the old dispatcher's sweep to pause the canary")
     assert status(new_only) == "ready", old.output()
 
     newer.kill()  # no live dispatcher knows the class now: after DISPATCHER_DEAD_AFTER, paused

@@ -6,13 +6,12 @@ its tick's transaction is open.
 """
 
 import signal
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
-from pgbus_workflows.models import WorkflowEvent, WorkflowRun
+from pgbus_workflows.models import Dispatcher, WorkflowEvent, WorkflowRun
 from tests.procs import database_url, eventually
 from tests.support import sessions_waiting_for_a_lock
 from tests.testapp.workflows import Ticked
@@ -94,7 +93,9 @@ def test_two_dispatchers_and_a_sigkill_of_the_leader_mid_tick_fire_no_tick_twice
 
     eventually(lambda: len(ticks()) >= len(before) + 5, timeout=30, what="ticks after the takeover")
     restarted = dispatchers("--concurrency", "2", settings=SETTINGS)  # back as a standby
-    time.sleep(2)
+    # Its listener holds its liveness lock: it is up, a standby beside the leader.
+    standing_by = Dispatcher.objects.filter(pid=restarted.proc.pid, session_lock=True)
+    eventually(standing_by.exists, timeout=60, what="the restarted dispatcher to stand by")
     second.send(signal.SIGTERM)
     assert second.wait() == 0, second.output()
     eventually(lambda: leads(restarted), timeout=30, what="the restarted dispatcher to lead")

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from pgbus_workflows.models import WorkflowRun
+from pgbus_workflows.services import results
 from pgbus_workflows.sql import session
 from tests.procs import eventually
 from tests.support import run_next, sessions_waiting_for_a_lock
@@ -81,9 +82,12 @@ def test_a_timeout_that_is_no_finite_duration_of_zero_or_more_is_refused(timeout
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("timeout", [0, 0.0, timedelta(0), timedelta(milliseconds=100)], ids=repr)
-def test_a_zero_or_small_timeout_raises_timeout_error_at_once(timeout):
+def test_a_zero_or_small_timeout_raises_timeout_error_at_once(timeout, monkeypatch):
+    # Rechecks an hour apart: a waiter that took zero for no limit, or waited past a small
+    # timeout for the next recheck, would still wait when the thread's join gives up.
+    monkeypatch.setattr(results, "RECHECK_SECONDS", 3600.0)
     wf = Waiter.start(n=1)
-    began = time.monotonic()
+    waiter = Worker(lambda: Waiter.find(wf.workflow_id).result(timeout=timeout))
+    waiter.start()
     with pytest.raises(TimeoutError):
-        wf.result(timeout=timeout)
-    assert time.monotonic() - began < 2
+        waiter.finish()

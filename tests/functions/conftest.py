@@ -1,4 +1,4 @@
-"""The test helpers of ``pgbus_workflows.testing`` as a pytest fixture for the durable tests."""
+"""The test helpers of ``pgbus_workflows.testing`` as a pytest fixture for the durable tests, and no body failing."""
 
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from pgbus_workflows.testing import WorkflowTestMixin
+from tests.functions.bodies import FAILING
 
 
 class Helpers(WorkflowTestMixin):
@@ -26,3 +27,11 @@ def helpers() -> Iterator[Helpers]:
     yield made
     for cleanup in reversed(made.cleanups):
         cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_fails() -> Iterator[None]:
+    """No shared checkpoint body (``tests/functions/bodies.py``) fails unless the test says so."""
+    FAILING.clear()
+    yield
+    FAILING.clear()

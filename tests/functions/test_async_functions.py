@@ -16,25 +16,12 @@ from pgbus_workflows.functions import ENTRY
 from pgbus_workflows.models import WorkflowEvent, WorkflowStep
 from pgbus_workflows.states import RunStatus, StepStatus
 from pgbus_workflows.testing import StepWaiting, WorkflowTestMixin
+from tests.functions.bodies import FlakyError, effect
 from tests.support import labels, record, steps_of
 from tests.testapp.jobs import square
 from tests.testapp.models import Order, SideEffect
 
 pytestmark = pytest.mark.django_db
-
-
-class FlakyError(Exception):
-    """Raised by checkpoint bodies of this file on purpose."""
-
-
-def effect(label):
-    """A plain checkpoint body: records ``label`` in the side effects table (the ORM, sync) and returns it."""
-
-    def body():
-        record(label)
-        return label
-
-    return body
 
 
 def async_effect(label):
@@ -136,7 +123,7 @@ async def async_compensates(ctx):
 def test_a_failure_is_raised_into_the_function_once_and_again_on_the_replay(helpers):
     run = async_compensates.start(None)
     helpers.speedrun_workflow(run)
-    assert run.result() == {"failed": "charge", "type": f"{__name__}.FlakyError", "message": "card declined"}
+    assert run.result() == {"failed": "charge", "type": "tests.functions.bodies.FlakyError", "message": "card declined"}
     assert labels() == ["charge", "refund"]  # the replay after the sleep raised the recorded failure
 
 
@@ -156,7 +143,7 @@ def test_a_failing_async_body_pauses_at_its_checkpoint_and_resume_runs_it_again(
     helpers.speedrun_workflow(run)
     assert run.reload().status == RunStatus.PAUSED
     failed = WorkflowStep.objects.get(run_id=run.record.pk, step_name="flaky")
-    assert (failed.error_class, failed.error_message) == (f"{__name__}.FlakyError", "not yet")
+    assert (failed.error_class, failed.error_message) == ("tests.functions.bodies.FlakyError", "not yet")
     run.resume()
     helpers.speedrun_workflow(run)
     assert run.result() == "ok"

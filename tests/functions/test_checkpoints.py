@@ -10,23 +10,10 @@ from pgbus_workflows import ConfigurationError, durable
 from pgbus_workflows.dsl.deploy import can_run_step
 from pgbus_workflows.functions import ENTRY
 from pgbus_workflows.states import RunStatus
-from tests.support import labels, record, steps_of
+from tests.functions.bodies import effect
+from tests.support import labels, steps_of
 
 pytestmark = pytest.mark.django_db
-
-
-class FlakyError(Exception):
-    """Raised by checkpoint bodies of this file on purpose."""
-
-
-def effect(label):
-    """A checkpoint body: records ``label`` in the side effects table and returns it."""
-
-    def body():
-        record(label)
-        return label
-
-    return body
 
 
 @durable(name="durable_pages", allow_multiple=True)

@@ -18,7 +18,8 @@ client) holds every other coroutine up: each such stretch is logged as a warning
 
 A body whose attempt was stalled meanwhile is cancelled (:meth:`CoroutineLoop.cancel`) and
 leaves the loop, its place freed; one that has not ended ``CANCEL_GRACE`` seconds after its
-cancellation (it swallows ``CancelledError``) is logged, runs on uncounted, and its end is ignored.
+cancellation (it swallows ``CancelledError``) is logged, runs on uncounted, and its end is ignored;
+its coroutine is closed when the loop stops.
 
 What bodies registered with :func:`on_loop_shutdown` is awaited on the loop as it stops.
 """
@@ -167,6 +168,8 @@ class CoroutineLoop:
             self._loop.run_forever()
         finally:
             _closers.pop(self._loop, None)
+            for task in asyncio.all_tasks(self._loop):
+                _close_left(task)
             self._loop.close()
 
     def _hand_on(self, work: Claim) -> Callable[[Settled | None], None]:
@@ -192,6 +195,10 @@ class CoroutineLoop:
                 self._end(body, None)
                 return
             error = cancelled  # the body's own: its end is written like any other
+        except GeneratorExit:
+            # Closed, not raised: it may run anywhere (a collected task), so it awaits nothing.
+            self._end(body, None)
+            raise
         except BaseException as raised:
             error = raised
             # A connection that failed under the body is replaced before the next body uses it.
@@ -256,6 +263,18 @@ class CoroutineLoop:
             self._loop.stop()
 
         self._loop.create_task(wind_up())
+
+
+def _close_left(task: asyncio.Task[Any]) -> None:
+    """Close the coroutine of a task its stopped loop left pending (a body that would not end).
+
+    Here and now, on the loop's own thread: left to the garbage collector, it would run its
+    ``finally`` blocks wherever the task is collected, in another body's context.
+    """
+    try:
+        task.get_coro().close()
+    except RuntimeError:
+        logger.exception("%s would not close when the event loop stopped", task.get_name())
 
 
 def _close(awaiting: Awaiting[Any]) -> None:

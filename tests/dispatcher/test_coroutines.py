@@ -6,12 +6,14 @@ read while none has ended.
 """
 
 import asyncio
+import gc
+import inspect
 import logging
 import threading
 import time
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 
 from pgbus_workflows import Job, Workflow, fan_out, step
 from pgbus_workflows.dispatcher import coroutines
@@ -354,3 +356,51 @@ def test_a_run_cancelled_while_its_body_awaits_on_the_loop_keeps_its_cancel(pool
     assert wf.reload().status == "cancelled"
     row = WorkflowStep.objects.get(run=wf.record)
     assert (row.step_name, row.status, row.outcome, row.output) == ("call", "cancelled", "cancelled", None)
+
+
+def test_a_body_left_unending_when_the_loop_stops_runs_no_code_where_it_is_collected(pool_of, monkeypatch):
+    """Its coroutine is closed with its loop: collected later, it awaits nothing in another body's context.
+
+    A pending task collected by the garbage collector closes its coroutine there and then, in
+    whatever context runs: a ``GeneratorExit`` caught and followed by an await (asgiref's
+    ``sync_to_async``) left asgiref's deadlock flag set in a running body's context, whose next
+    ``sync_to_async`` then failed ("Single thread executor already being used").
+    """
+    monkeypatch.setattr(coroutines, "CANCEL_GRACE", 0.2)
+    SwallowsCancel.start()
+    pool = pool_of(1, awaiting=1)
+    [step] = claim_all(pool)
+    eventually(lambda: began("swallows-began"), what="the body")
+    stall_attempt(step)
+    pool.cancel_stalled()
+    eventually(lambda: pool.coroutines._unending, what="the body to be given up")
+    [task] = pool.coroutines._unending
+    coroutine = task.get_coro()
+    pool.coroutines.close(cancel=True, timeout=0.5)
+    eventually(lambda: not pool.coroutines._thread.is_alive(), what="the loop's thread to end")
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED
+    del task, coroutine
+    pool.coroutines._unending.clear()
+
+    async def another_body():
+        gc.collect()  # as it may happen anywhere: here, on a loop, in a body's context
+        return SyncToAsync.deadlock_context.get(False)
+
+    assert asyncio.run(another_body()) is False
+
+
+def test_a_body_closed_while_another_awaits_awaits_nothing_in_the_others_context(pool_of):
+    """As the garbage collector closes a collected task's coroutine: in whatever body runs then."""
+    SwallowsCancel.start()
+    pool = pool_of(1, awaiting=1)
+    claim_all(pool)
+    eventually(lambda: began("swallows-began"), what="the body")
+    [body] = pool.coroutines._bodies.values()
+
+    async def another_body():
+        body.task.get_coro().close()
+        return SyncToAsync.deadlock_context.get(False)
+
+    assert asyncio.run_coroutine_threadsafe(another_body(), pool.coroutines._loop).result(10) is False
+    eventually(lambda: pool.coroutines.in_flight() == 0, what="the closed body's place to be freed")
+    assert not pool.coroutines.claims()

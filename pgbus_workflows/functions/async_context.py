@@ -73,7 +73,7 @@ class AsyncDurableContext:
             from ..services.body import BodyTimedOut  # deferred: it imports the models, which the package root must not
 
             type(ctx._workflow).remember(definition)
-            step = await sync_to_async(ctx._take)(checkpoint, definition)
+            step = await sync_to_async(ctx._take)(checkpoint, definition, lazy=True)
             ctx._current = checkpoint
             try:
                 output = await _called(checkpoint, fn, definition.timeout)

@@ -1,5 +1,8 @@
 """What a new checkpoint costs in a dispatcher: one transaction, as a step's outcome, and none before its body.
 
+The same for an ``async def`` function (its database calls come back to this thread here, as
+the test helpers await it).
+
 The function's row takes the checkpoint's name in the transaction that records its output and
 claims the next row for the same worker (``functions.checkpoints.record``). Counted with
 Django's ``CaptureQueriesContext`` on PostgreSQL, through the executor as a dispatcher's worker
@@ -45,6 +48,11 @@ def three(ctx):
     return [ctx.step(name, noted(name)) for name in "abc"]
 
 
+@durable(name="durable_cost_three_async", allow_multiple=True)
+async def three_async(ctx):
+    return [await ctx.step(name, noted(name)) for name in "abc"]
+
+
 @durable(name="durable_cost_timed", allow_multiple=True)
 def timed(ctx):
     return ctx.step("slow", noted(1), timeout=60)
@@ -60,8 +68,9 @@ def _drain(run):
     return captured
 
 
-def test_three_new_checkpoints_commit_three_times_and_the_run_end_once():
-    run = three.start(None)
+@pytest.mark.parametrize("function", [three, three_async], ids=["def", "async def"])
+def test_three_new_checkpoints_commit_three_times_and_the_run_end_once(function):
+    run = function.start(None)
     captured = _drain(run)
     assert COMMITS_BEFORE == [0, 1, 2]  # no commit of its own before a body: the rename goes with the output
     assert _commits(captured) == 4

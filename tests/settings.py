@@ -45,6 +45,9 @@ TEMPLATES = [
     }
 ]
 DATABASES = {"default": env.db("DATABASE_URL", default="postgres://root@127.0.0.1:5432/pgbus_workflows")}
+# Django's PostgreSQL backend with a flush that truncates only what a test wrote (tests/backend).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "tests.backend"
 # A READ_DATABASE for the replica tests: the default database again (a test mirror, so the in-process
 # tests read what they wrote), or a real streaming replica (READ_DATABASE_URL, test_replica_processes.py).
 DATABASES["replica"] = {

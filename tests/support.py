@@ -187,6 +187,9 @@ CLOCK_SLACK = timedelta(milliseconds=100)
 
 VIEW = ("view_workflowrun", "view_workflowstep", "view_workflowevent", "view_workflowsignal", "view_dispatcher")
 
+#: What stands for a step's error text a user may not see: in the admin, in ``workflows show``, in MCP's ``show_run``.
+WITHHELD = "Withheld: it may hold a step's error, shown with the permission to view workflow steps."
+
 
 #: The password of every staff user the tests make (the browser tests log in with it).
 PASSWORD = "correct horse battery staple"

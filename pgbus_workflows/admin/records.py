@@ -29,6 +29,16 @@ ERROR_DETAILS = ("error_message", "cause")
 WITHHELD = _("Withheld: it may hold a step's error, shown with the permission to view workflow steps.")
 
 
+def paused_reason_shown(reason: str, errors: bool) -> str:
+    """A run's pause reason as a user sees it: :data:`WITHHELD` in its place unless ``errors``.
+
+    A run an error paused holds the step's error text there, which the attempts' view
+    permission guards (as :func:`event_shown`); an empty reason stays empty, so a user can
+    tell a run with no reason from one whose reason is withheld.
+    """
+    return reason if errors or not reason else str(WITHHELD)
+
+
 def event_shown(event: WorkflowEvent, errors: bool) -> tuple[str, dict[str, Any] | None]:
     """The event's reason and details as a user sees them: without an error's text unless ``errors``.
 

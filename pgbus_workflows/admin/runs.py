@@ -34,7 +34,7 @@ from .holds import class_hold, hold_view, holds_context
 from .insights import insights_context
 from .operations import OPERATIONS, OperatedAdmin, bulk_operation, may_view, operation_view
 from .paging import workflow_id_range
-from .records import WITHHELD, ReadOnlyAdmin
+from .records import ReadOnlyAdmin, paused_reason_shown
 from .replica import on_read_database
 from .run_page import run_page_context
 
@@ -154,9 +154,7 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
     @admin.display(description=_("paused reason"))
     def paused_reason_withheld(self, run: WorkflowRun) -> Any:
         """In place of the pause reason for a user who may not view attempts: whether there is one."""
-        if not run.paused_reason:
-            return "-"
-        return WITHHELD
+        return paused_reason_shown(run.paused_reason, errors=False) or "-"
 
     @admin.display(description=_("subject"))
     def subject(self, run: WorkflowRun) -> str:

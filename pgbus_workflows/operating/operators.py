@@ -28,6 +28,7 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from ..admin.operations import OPERATIONS, Operation, allowed_verbs, may_view, perform
+from ..admin.records import event_shown, paused_reason_shown
 from ..admin.runs import WorkflowRunAdmin
 from ..exceptions import WorkflowError
 from ..models import WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -186,12 +187,17 @@ def _operate_one(operator: Operator, op: Operation, text: str, data: dict[str, A
 def show_page(operator: Operator, run: WorkflowRun, attempts: int, events: int, signals: int) -> dict[str, Any]:
     """What ``workflows show`` and the MCP tool ``show_run`` print of a run: its fields, the verbs the
     operator may take on it now, what holds it back, its latest attempts and events, its pending
-    signals (a list is None when the operator may not view its rows)."""
+    signals (a list is None when the operator may not view its rows).
+
+    A step's error text, in the pause reason and in the events that quote it, only to an operator
+    who may view the attempts: withheld as the admin withholds it (``admin.records``).
+    """
     now, active = clock.now(), active_attempt(run)
     allowed = allowed_verbs(run, active, now)
     holds = held_back(active, now) if active is not None else []
+    errors = operator.may_view(WorkflowStep)
     page: dict[str, Any] = {
-        "run": run_details(run),
+        "run": {**run_details(run), "paused_reason": paused_reason_shown(run.paused_reason, errors)},
         "allowed_verbs": [op.verb for op in OPERATIONS.values() if op.verb in allowed and operator.may(op, run)],
         "held_back": {"step": active.step_name, "limits": holds} if active is not None and holds else None,
         "undeclared_limits": undeclared(active, run.workflow_class),
@@ -202,12 +208,14 @@ def show_page(operator: Operator, run: WorkflowRun, attempts: int, events: int, 
         "pending_signals": None,
         "more_signals_omitted": False,
     }
-    if operator.may_view(WorkflowStep):
+    if errors:
         steps, page["older_attempts_omitted"] = latest(WorkflowStep.objects.filter(run_id=run.pk), attempts)
         page["attempts"] = [attempt_row(step) for step in steps]
     if operator.may_view(WorkflowEvent):
         rows, page["older_events_omitted"] = latest(WorkflowEvent.objects.filter(run_id=run.pk), events)
         page["events"] = [event_row(event) for event in rows]
+        for row, event in zip(page["events"], rows, strict=True):
+            row["reason"], row["details"] = event_shown(event, errors)
     if operator.may_view(WorkflowSignal):
         pending, page["more_signals_omitted"] = pending_signals(run, signals)
         page["pending_signals"] = [signal_row(signal) for signal in pending]

@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from tests.management.test_cli import cli, paused_on_error, ready, refusal, wid
-from tests.support import VIEW, new_events, snapshot, staff_user
+from tests.support import VIEW, WITHHELD, new_events, snapshot, staff_user
 from tests.testapp.permissions import GRANTS
 
 pytestmark = pytest.mark.django_db
@@ -103,3 +103,28 @@ def test_as_user_lists_and_shows_only_with_the_view_permissions(django_user_mode
     page = json.loads(cli("show", wid(wf), "--json", "--as-user", "jo")[0])
     assert page["allowed_verbs"] == ["resume", "cancel"]
     assert [a["step_name"] for a in page["attempts"]] == ["flaky"]
+
+
+def test_as_user_show_gives_a_steps_error_text_only_with_the_permission_to_view_attempts(django_user_model):
+    staff_user(django_user_model, "bob", "view_workflowrun", "view_workflowevent")
+    staff_user(django_user_model, "carol", "view_workflowrun", "view_workflowevent", "view_workflowstep")
+    wf = paused_on_error()
+    error = "the first attempt fails"
+
+    page = json.loads(cli("show", wid(wf), "--json", "--as-user", "bob")[0])
+    failure = next(event for event in page["events"] if event["kind"] == "step_failed")
+    assert page["run"]["paused_reason"] == failure["reason"] == WITHHELD
+    assert failure["details"]["error_message"] == WITHHELD
+    assert failure["details"]["error_class"] == "RuntimeError"  # what failed stays, not what it said
+    out = cli("show", wid(wf), "--full", "--as-user", "bob")[0]
+    assert error not in out
+    assert f"paused because   {WITHHELD}" in out
+
+    for who in (["--as-user", "carol"], []):  # without --as-user: the trusted shell
+        page = json.loads(cli("show", wid(wf), "--json", *who)[0])
+        failure = next(event for event in page["events"] if event["kind"] == "step_failed")
+        assert page["run"]["paused_reason"] == failure["reason"] == f"RuntimeError: {error}"
+        assert failure["details"]["error_message"] == error
+        out = cli("show", wid(wf), "--full", *who)[0]
+        assert f"paused because   RuntimeError: {error}" in out
+        assert "Withheld" not in out

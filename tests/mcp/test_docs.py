@@ -8,11 +8,13 @@ from pathlib import PurePosixPath
 from django.core.management import get_commands
 from django.test import override_settings
 
+from pgbus_workflows.admin import records
 from pgbus_workflows.conf import DEFAULTS
 from pgbus_workflows.mcp.fitting import cut_marker, in_text
 from pgbus_workflows.mcp.responses import PLACEHOLDER
 from tests.mcp.session import listed_tools
 from tests.procs import ROOT
+from tests.support import WITHHELD
 
 PAGE = (ROOT / "docs" / "mcp.md").read_text()
 
@@ -51,3 +53,8 @@ def test_the_page_names_the_settings_their_defaults_the_placeholder_and_the_mark
     assert PLACEHOLDER in PAGE
     assert f"`{cut_marker(in_text({'n': 10, 'blob': 'x' * 120_000}))}`" in PAGE
     assert 'pip install "pgbus-workflows[mcp]"' in PAGE
+
+
+def test_the_page_quotes_what_stands_for_an_error_text_a_user_may_not_see_as_the_server_writes_it():
+    assert f'"{WITHHELD}"' in " ".join(PAGE.split())
+    assert str(records.WITHHELD) == WITHHELD

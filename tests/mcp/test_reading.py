@@ -15,7 +15,7 @@ from pgbus_workflows.models import WorkflowRun, WorkflowSchedule
 from pgbus_workflows.services.stuck import STUCK_REASONS
 from tests.management.test_cli import finished, paused_on_error, ready, waiting, wid
 from tests.mcp.session import answer, answered, call_all, text, tool_error
-from tests.support import VIEW, events_of, staff_user
+from tests.support import VIEW, WITHHELD, events_of, staff_user
 from tests.testapp.models import Order
 from tests.testapp.workflows import Approval, Ticked
 
@@ -274,6 +274,24 @@ def test_as_a_user_who_may_view_runs_the_reads_answer_and_a_missing_user_is_a_to
     assert tool_error("list_runs", as_user="ghost") == (
         "Error executing tool list_runs: --as-user: there is no user 'ghost'"
     )
+
+
+@SHOWN
+def test_with_payloads_shown_a_steps_error_text_is_still_only_for_users_who_may_view_attempts(django_user_model):
+    staff_user(django_user_model, "bob", "view_workflowrun", "view_workflowevent")
+    staff_user(django_user_model, "carol", "view_workflowrun", "view_workflowevent", "view_workflowstep")
+    wf = paused_on_error()
+
+    page = answer("show_run", {"workflow_id": wid(wf)}, as_user="bob")
+    failure = next(event for event in page["events"] if event["kind"] == "step_failed")
+    assert page["run"]["paused_reason"] == failure["reason"] == failure["details"]["error_message"] == WITHHELD
+    assert page["attempts"] is None
+
+    for who in ("carol", None):  # without --as-user: the trusted shell
+        page = answer("show_run", {"workflow_id": wid(wf)}, as_user=who)
+        failure = next(event for event in page["events"] if event["kind"] == "step_failed")
+        assert page["run"]["paused_reason"] == failure["reason"] == "RuntimeError: the first attempt fails"
+        assert failure["details"]["error_message"] == "the first attempt fails"
 
 
 def test_the_server_keeps_serving_after_bad_calls():

@@ -180,11 +180,11 @@ def new_events(wf: Workflow, before: tuple[Any, ...]) -> list[WorkflowEvent]:
 
 # -- the admin ------------------------------------------------------------------------------------
 
-#: Every view permission of the app's models.
 #: How far the engine's clock (the database's, read through ``clock.now()``: a reading
 #: anchored by a round trip) may run ahead of this process's own when a test compares them.
 CLOCK_SLACK = timedelta(milliseconds=100)
 
+#: Every view permission of the app's models.
 VIEW = ("view_workflowrun", "view_workflowstep", "view_workflowevent", "view_workflowsignal", "view_dispatcher")
 
 #: What stands for a step's error text a user may not see: in the admin, in ``workflows show``, in MCP's ``show_run``.

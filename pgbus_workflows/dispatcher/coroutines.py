@@ -41,6 +41,7 @@ from django.db import close_old_connections, connections
 
 from ..services.body import Awaiting, bounded
 from .lanes import Claim, Settled, work_key
+from .waker import join_until
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -160,7 +161,7 @@ class CoroutineLoop:
         if not self._thread.is_alive():
             return
         self._loop.call_soon_threadsafe(self._stop, cancel, timeout)
-        self._thread.join(timeout + 1.0)
+        join_until(self._thread, time.monotonic() + timeout + 1.0)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)

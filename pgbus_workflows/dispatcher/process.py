@@ -38,7 +38,7 @@ from ..states import StepStatus
 from .listener import Listener
 from .scheduler import ScheduleLeader
 from .sweep import Sweeper, lost_sessions
-from .waker import Waker, stop_signals
+from .waker import Waker, join_until, stop_signals
 from .wakeups import Wakeups, announce
 from .workers import WorkerPool
 
@@ -257,7 +257,7 @@ class WorkflowDispatcher:
         # A heartbeat under way when the stop came would otherwise register the row deleted below again.
         heartbeat = self._threads.get("pgbus-heartbeat")
         if heartbeat is not None:
-            heartbeat.join(HEARTBEAT_JOIN_TIMEOUT)
+            join_until(heartbeat, time.monotonic() + HEARTBEAT_JOIN_TIMEOUT)
         try:
             if abandoned:
                 self._stall_own("shutdown_timeout")

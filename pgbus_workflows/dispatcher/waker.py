@@ -7,7 +7,8 @@ came at that moment left the dispatcher hung. Here ``set()`` writes a byte to a 
 and ``wait()`` polls the other end, so any thread, and a signal handler, may wake the loop;
 the socket is also the process's signal wake-up fd (:meth:`Waker.wake_on_signals`), which wakes
 the loop even when the kernel delivered the signal to another thread. :func:`stop_signals`
-installs the dispatcher's SIGTERM/SIGINT handler with both.
+installs the dispatcher's SIGTERM/SIGINT handler with both. :func:`join_until` joins a thread in
+short waits, so a handler still runs soon on the main thread while it waits for another.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import selectors
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -25,6 +27,8 @@ logger = logging.getLogger("pgbus_workflows")
 
 #: A signal handler, as ``signal.signal`` takes it.
 Handler = Callable[[int, FrameType | None], object]
+#: The longest :func:`join_until` waits without going back to the interpreter.
+JOIN_SLICE = 0.2
 
 
 class Waker:
@@ -91,3 +95,14 @@ def stop_signals(handler: Handler, waker: Waker) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def join_until(thread: threading.Thread, deadline: float) -> None:
+    """Join ``thread`` until it ends or the ``time.monotonic()`` deadline passes, in short waits.
+
+    A signal the kernel hands to another thread runs its Python handler on the main thread
+    only once that thread is back in the interpreter: a plain ``join`` would hold a second
+    SIGTERM's "exit at once" up until the thread ended or the wait's end.
+    """
+    while thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+        thread.join(min(left, JOIN_SLICE))

@@ -37,6 +37,7 @@ from ..states import StepOutcomeKind
 from .coroutines import CoroutineLoop
 from .lanes import Batch, Lane, Settled, Work, body_key, work_key
 from .taking import BATCH_WINDOW, WorkQueues
+from .waker import join_until
 
 logger = logging.getLogger("pgbus_workflows")
 
@@ -117,7 +118,7 @@ class WorkerPool:
         with self.taking.lock:
             self.taking.wake_all()
         for thread in self._threads:
-            thread.join(max(deadline - time.monotonic(), 0.0))
+            join_until(thread, deadline)
         abandoned = any(thread.is_alive() for thread in self._threads)
         if self.coroutines is not None:
             self.coroutines.close(cancel=abandoned)

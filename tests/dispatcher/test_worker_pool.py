@@ -5,12 +5,15 @@ thread of sixteen; the most recently idle is woken instead, and while four worke
 the others leave quick work to them. Work never waits long behind a body that turned out slow.
 """
 
+import signal
+import sys
 import threading
 import time
 from collections import Counter
 
 import pytest
 
+from pgbus_workflows import Workflow, step
 from pgbus_workflows.dispatcher import taking as taking_module
 from pgbus_workflows.dispatcher import workers as workers_module
 from pgbus_workflows.dispatcher.workers import WorkerPool
@@ -186,3 +189,62 @@ def test_new_work_is_taken_between_the_bodies_of_four_workers_busy_with_long_cha
 
     assert not any(wf.reload().status == "finished" for wf in chains), "it waited for a chain to end"
     eventually(lambda: all(wf.reload().status == "finished" for wf in [*chains, quick]), what="every run")
+
+
+#: Set by :class:`HeldUntilReleased`'s body once it runs; the body returns once ``RELEASE`` is set.
+HOLDING, RELEASE = threading.Event(), threading.Event()
+
+
+class HeldUntilReleased(Workflow):
+    name = "pool_held_until_released"
+
+    @step
+    def hold(self):
+        HOLDING.set()
+        RELEASE.wait(60)
+
+
+def _waits_in_a_join(thread):
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "_wait_for_tstate_lock":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_signal_the_kernel_gives_a_worker_runs_its_handler_while_the_main_thread_joins_the_pool():
+    """As a dispatcher's second SIGTERM while it waits for its running steps: handled then, not after the wait."""
+    main = threading.main_thread()
+    if threading.current_thread() is not main:
+        pytest.skip("signal handlers are installed on the main thread only")
+    HOLDING.clear()
+    RELEASE.clear()
+    HeldUntilReleased.start()
+    stopping = threading.Event()
+    pool = WorkerPool(name="w", queues=None, size=1, stopping=stopping, on_free=lambda: None, on_lost=lambda: None)
+    pool.start()
+    pool.hand_out(claim_due_steps(1, claimed_by="w"), verify=True)
+    eventually(HOLDING.is_set, what="the body to run")
+    [worker] = pool._threads
+    handled = []
+
+    def handler(signum, frame):
+        handled.append(signum)
+        RELEASE.set()
+
+    def signal_the_worker_once_the_main_thread_joins():
+        eventually(lambda: _waits_in_a_join(main), what="the main thread to wait in a join")
+        signal.pthread_kill(worker.ident, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    sender = threading.Thread(target=signal_the_worker_once_the_main_thread_joins)
+    try:
+        sender.start()
+        stopping.set()
+        assert not pool.join(time.monotonic() + 20), "the handler ran only once the join gave up"
+        assert handled == [signal.SIGUSR1]
+    finally:
+        RELEASE.set()
+        sender.join(30)
+        signal.signal(signal.SIGUSR1, previous)

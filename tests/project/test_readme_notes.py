@@ -93,6 +93,12 @@ def connection_url(name: str) -> str:
 
 
 @pytest.mark.django_db
-def test_the_tests_run_in_test_and_the_database_name_of_database_url():
+def test_the_tests_run_in_test_and_the_database_name_of_database_url_one_a_worker(worker_id):
     url = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/pgbus_workflows")
-    assert connection.settings_dict["NAME"] == "test_" + environ.Env.db_url_config(url)["NAME"]
+    name = "test_" + environ.Env.db_url_config(url)["NAME"]
+    assert connection.settings_dict["NAME"] == (name if worker_id == "master" else f"{name}_{worker_id}")
+
+
+def test_scripts_test_runs_two_workers_unless_told_otherwise():
+    script = (ROOT / "scripts" / "test").read_text()
+    assert 'exec "$venv/bin/python" -m pytest -n "${PYTEST_WORKERS:-2}" "$@"' in script

@@ -1,10 +1,18 @@
-"""The benchmarks page's account of the test suite's time names two choices of the tests: held here."""
+"""The benchmarks page's account of the test suite's time names choices of the tests: held here.
+
+The two workers of ``scripts/test`` are held in ``test_readme_notes.py``, what the tests' flush
+leaves in ``test_test_backend.py``.
+"""
 
 import inspect
 
 from django.conf import settings
 
 from tests.admin import test_admin_plans
+
+
+def test_the_tests_flush_through_their_own_backend():
+    assert settings.DATABASES["default"]["ENGINE"] == "tests.backend"
 
 
 def test_the_tests_hash_passwords_with_md5():

@@ -391,3 +391,17 @@ def test_one_leader_at_a_time_and_the_lead_passes_when_it_resigns():
     assert second.leading
     second.once()
     assert WorkflowRun.objects.filter(schedule=schedule).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_leader_sleeps_until_the_next_tick_not_a_sweep_interval():
+    """Why a tick fires in its second whatever ``SWEEP_INTERVAL`` is (the process test runs it with 60 s)."""
+    schedule = Ticked.add_schedule(every=timedelta(hours=1))
+    due = datetime.now(UTC) + timedelta(milliseconds=600)
+    WorkflowSchedule.objects.filter(pk=schedule.pk).update(next_fire_at=due, due_at=due)  # its tick, due soon
+    leader = ScheduleLeader("leader", threading.Event())
+    wait = leader.round()
+    assert leader.leading
+    assert not WorkflowRun.objects.exists()
+    assert 0 < wait <= 0.6
+    leader.once()

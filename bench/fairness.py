@@ -16,7 +16,8 @@ Each measurement has a database of its own made anew. ``Tenanted`` runs (two sho
   dispatchers and in this process): B's median (behind A's whole backlog) and the steps/s
   (the target: fairness's within 0.9x of it).
 
-Figures of one run on one machine, not paired: ``--repeat`` repeats each and prints every figure.
+``--repeat N`` repeats the three, the fair and unfair measurements in alternating order (paired
+by repetition), prints every figure, then the median of each ratio and their range.
 """
 
 from __future__ import annotations
@@ -89,24 +90,35 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    for _ in range(args.repeat):
+    behind, throughput = [], []
+    for repetition in range(args.repeat):
         alone = measure(0, args.small, args.dispatchers, args.concurrency, fair=True)
-        fair = measure(args.big, args.small, args.dispatchers, args.concurrency, fair=True)
-        unfair = measure(args.big, args.small, args.dispatchers, args.concurrency, fair=False)
+        measured = {}
+        for fair_first in (True, False) if repetition % 2 == 0 else (False, True):
+            measured[fair_first] = measure(args.big, args.small, args.dispatchers, args.concurrency, fair=fair_first)
+        fair, unfair = measured[True], measured[False]
+        behind.append(fair["p50"] / alone["p50"])
+        throughput.append(fair["steps_per_s"] / unfair["steps_per_s"])
         print(f"B alone:              p50 {alone['p50']:.3f} s, p90 {alone['p90']:.3f} s")
         print(
             f"B behind A, fair:     p50 {fair['p50']:.3f} s, p90 {fair['p90']:.3f} s "
-            f"({fair['p50'] / alone['p50']:.2f}x alone); A's runs still left when B was done: {fair['a_left']:.0f}"
+            f"({behind[-1]:.2f}x alone); A's runs still left when B was done: {fair['a_left']:.0f}"
         )
         print(
             f"B behind A, unfair:   p50 {unfair['p50']:.3f} s, p90 {unfair['p90']:.3f} s "
             f"({unfair['p50'] / alone['p50']:.2f}x alone); A's runs still left when B was done: {unfair['a_left']:.0f}"
         )
-        ratio = fair["steps_per_s"] / unfair["steps_per_s"]
         print(
             f"throughput: fair {fair['steps_per_s']:.0f} steps/s, unfair {unfair['steps_per_s']:.0f} steps/s "
-            f"({ratio:.2f}x)"
+            f"({throughput[-1]:.2f}x)",
+            flush=True,
         )
+    if args.repeat > 1:
+        for what, ratios in (("B's p50 behind A, fair / alone", behind), ("steps/s, fair / unfair", throughput)):
+            print(
+                f"{what}: median {statistics.median(ratios):.2f} of {len(ratios)} pairs, "
+                f"range {min(ratios):.2f} to {max(ratios):.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -205,9 +205,10 @@ class HeldUntilReleased(Workflow):
 
 
 def _waits_in_a_join(thread):
+    """Whether ``thread`` is inside a ``Thread.join`` (waiting in C below it, on every Python version)."""
     frame = sys._current_frames().get(thread.ident)
     while frame is not None:
-        if frame.f_code.co_name == "_wait_for_tstate_lock":
+        if frame.f_code.co_name == "join" and frame.f_code.co_filename == threading.__file__:
             return True
         frame = frame.f_back
     return False

@@ -4,9 +4,9 @@ After each transactional test Django flushes the database: one ``TRUNCATE`` of e
 (33 here), then ``post_migrate`` writes the content types and permissions back. Each table
 truncated is new files for it and its indexes: 0.29 to 0.35 s a test on the busy 2-core
 machine, most of it for tables the test never wrote (0.09 to 0.14 s with this flush). Here
-the flush truncates a table only when it holds pages, or statistics taken since its last truncation (a ``VACUUM`` or
-``ANALYZE`` sets ``reltuples``, which a ``TRUNCATE`` resets to -1): every other table is
-already as a truncation would leave it, for the rows and for the planner. The content types
+the flush truncates a table only when it holds pages, or statistics taken since its last
+truncation (a ``VACUUM`` or ``ANALYZE`` sets ``reltuples``, which a ``TRUNCATE`` resets to
+-1): every other table is already as a truncation would leave it, for the rows and for the planner. The content types
 and permissions are kept rather than truncated and written again (``post_migrate`` still
 runs, and puts back any a test deleted).
 """

@@ -173,6 +173,13 @@ class WorkQueues:
             self._shared_since = time.monotonic()
         self._shared.extend(queued)
 
+    def others_waiting(self, lane: Lane) -> bool:
+        """Whether ``lane``'s worker has other work: queued for it or for any worker, or ends not yet written.
+
+        A hint read without the lock, as a durable function's call begins (``Chain.others_waiting``).
+        """
+        return bool(lane.queue or lane.batch or lane.parked is not None or self._shared)
+
     def body_took(self, seconds: float) -> None:
         """A body ran for ``seconds``: the moving average that sizes the claims and tells quick bodies."""
         self._body_seconds = 0.8 * self._body_seconds + 0.2 * seconds

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, cast
 
 from django.db import connection
@@ -126,7 +127,9 @@ class WorkerPool:
 
     def _serve(self, lane: Lane) -> None:
         """One worker thread; should it die anyway, its work is recovered and a new thread takes the lane."""
-        chain = Chain(self.name, self.queues, stop=self._stopping)
+        chain = Chain(
+            self.name, self.queues, stop=self._stopping, others_waiting=partial(self.taking.others_waiting, lane)
+        )
         try:
             self._work(lane, chain)
         except BaseException:

@@ -21,7 +21,8 @@ from asgiref.sync import sync_to_async
 
 from ..exceptions import ConfigurationError
 from ..services.payload import encode_payload
-from .context import DurableContext, Stopped, open_context, returned, stopped_at
+from .context import DurableContext, Stopped
+from .driver import open_context, returned, stopped_at
 from .options import checkpoint_definition
 
 
@@ -83,7 +84,10 @@ class AsyncDurableContext:
                 return await sync_to_async(ctx._failed)(step, checkpoint, definition, error)
             finally:
                 ctx._current = None
-            await sync_to_async(ctx._record)(step, output)
+            if ctx._ends_at_checkpoint:  # recorded with the call's outcome: nothing to send now
+                ctx._keep(step, checkpoint, output)
+            else:
+                await sync_to_async(ctx._record)(step, output)
             return output
 
     async def sleep(self, name: str, duration: timedelta | float) -> None:
@@ -168,7 +172,7 @@ def drive(workflow: Any) -> Coroutine[Any, Any, Any]:
 
     The recorded checkpoints and the subject are read here, on the worker's thread (the
     coroutine may not query but through ``sync_to_async``). The coroutine ends as
-    ``context.drive`` does: the run's result, an error for the engine's policies, or nothing
+    ``driver.drive`` does: the run's result, an error for the engine's policies, or nothing
     left to apply.
     """
     ctx = open_context(workflow)
@@ -183,4 +187,12 @@ async def _run(workflow: Any, ctx: DurableContext) -> Any:
         value = await type(workflow).function(AsyncDurableContext(ctx), **workflow.arguments)
     except Stopped as stopped:
         return stopped_at(workflow, ctx._context, stopped)
-    returned(workflow, ctx._context, value)
+    except Exception:  # not a cancellation: awaiting more then would only delay it
+        if ctx._pending is None:
+            raise
+        try:  # the function's own error, past a checkpoint still to record: recorded first, as it went
+            await sync_to_async(ctx.record_pending)()
+        except Stopped as stopped:
+            return stopped_at(workflow, ctx._context, stopped)
+        raise
+    returned(workflow, ctx, value)

@@ -2,7 +2,7 @@
 
 A durable class has no fixed list of steps. Every checkpoint the function reaches is a step row
 of its own, named by the checkpoint, and every name maps to one driver body that calls the
-function from the top (``context.drive``; ``async_context.drive`` for an ``async def``). The
+function from the top (``driver.drive``; ``async_context.drive`` for an ``async def``). The
 run's first row, and the row that carries the function on after a checkpoint, is named
 :data:`ENTRY` until the function reaches its next checkpoint, which renames it.
 """
@@ -19,8 +19,11 @@ from ..dsl.deploy import ANY_STEP
 from ..exceptions import ConfigurationError, StepNotDefined
 from ..workflow import Workflow
 from . import async_context
-from .context import drive
+from .driver import drive
 from .names import ENTRY, RAISED
+
+#: How many row names' definitions a durable class keeps made (``DurableWorkflow._definition``).
+MADE_AT_MOST = 4096
 
 #: The class attributes ``@durable`` passes on to the class it makes.
 CLASS_ATTRIBUTES = (
@@ -46,11 +49,13 @@ class DurableWorkflow(Workflow):
     copied_failure: ClassVar[Any] = RAISED
     #: The function: ``fn(ctx, **arguments)``; its return is the run's result.
     function: ClassVar[Callable[..., Any]]
-    #: The body of every row: ``context.drive``, or ``async_context.drive`` for an ``async def`` function.
+    #: The body of every row: ``driver.drive``, or ``async_context.drive`` for an ``async def`` function.
     driver: ClassVar[Callable[[Any], Any]]
     #: The options each checkpoint name (without its ``#n``) was last called with, for the
     #: engine's look-ups made after the body (the exception policy of a failed checkpoint).
     _checkpoints: ClassVar[dict[str, StepDefinition]]
+    #: The definitions :meth:`_definition` made, by row name (emptied when :meth:`remember` changes one).
+    _made: ClassVar[dict[str, StepDefinition]]
 
     @classmethod
     def step_definitions(cls) -> tuple[StepDefinition, ...]:
@@ -79,6 +84,19 @@ class DurableWorkflow(Workflow):
 
     @classmethod
     def _definition(cls, name: str) -> StepDefinition:
+        """The definition of row name ``name``: made once until its checkpoint is called with other options.
+
+        Every row's claim, body and outcome ask for it several times.
+        """
+        made = cls._made.get(name)
+        if made is None:
+            if len(cls._made) >= MADE_AT_MOST:  # a loop's checkpoints (c#1, c#2...) are many names
+                cls._made.clear()
+            made = cls._made[name] = cls._make(name)
+        return made
+
+    @classmethod
+    def _make(cls, name: str) -> StepDefinition:
         base = name.split("#", 1)[0]
         known = cls._checkpoints.get(base)
         # A wait's timeout wakes the function, which takes None (on_timeout="run"), and so does the
@@ -132,7 +150,9 @@ class DurableWorkflow(Workflow):
     @classmethod
     def remember(cls, definition: StepDefinition) -> None:
         """Keep the options a checkpoint was called with (``definition.name`` without its ``#n``)."""
-        cls._checkpoints[definition.name] = definition
+        if cls._checkpoints.get(definition.name) is not definition:  # ``checkpoint_definition`` makes each once
+            cls._checkpoints[definition.name] = definition
+            cls._made.clear()
 
 
 def durable(name: str | None = None, **attributes: Any) -> Callable[[Callable[..., Any]], type[DurableWorkflow]]:
@@ -158,6 +178,7 @@ def durable(name: str | None = None, **attributes: Any) -> Callable[[Callable[..
             "function": staticmethod(fn),
             "driver": staticmethod(async_context.drive if inspect.iscoroutinefunction(fn) else drive),
             "_checkpoints": {},
+            "_made": {},
             "__module__": fn.__module__,
             "__qualname__": fn.__qualname__,
             "__doc__": fn.__doc__,

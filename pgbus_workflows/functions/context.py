@@ -1,10 +1,12 @@
-"""``ctx``: what a durable function calls, and the driver body that runs the function from the top.
+"""``ctx``: what a durable function calls, replaying what its run recorded (``driver`` calls the function).
 
 Each run of the function replays: ``ctx.step`` of a recorded checkpoint returns its output
-without calling its body; the first new checkpoint runs its body, which is recorded before the
-function goes on. The function stops (:class:`Stopped`) where the engine must take over: a
-checkpoint failed and its policy reattempts or pauses, the run was paused or cancelled, the
-attempt was taken from it.
+without calling its body; the first new checkpoint runs its body, whose output is recorded
+before the function goes on, or, when the worker has other work in hand, with the call's
+outcome at the next new checkpoint, where the call ends (``services.checkpoint_end``). The
+function stops (:class:`Stopped`) where the engine must take over: a checkpoint failed and its
+policy reattempts or pauses, the run was paused or cancelled, the attempt was taken from it,
+the call ends to share its commit.
 """
 
 from __future__ import annotations
@@ -14,18 +16,25 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from functools import partial
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from ..dsl.definitions import StepDefinition, coerce_duration
 from ..exceptions import ConfigurationError, NonDeterministicRun, StepFailed
-from ..services.context import FlowControl, StepContext
+from ..services.context import StepContext
 from ..services.payload import encode_payload, storable_text
 from .names import ENTRY, Renaming, class_name
 from .options import checkpoint_definition
 
 if TYPE_CHECKING:
     from ..models import WorkflowStep
+    from ..services.outcome import StepOutcome
     from .checkpoints import Recorded
+
+
+#: A call ends at its new checkpoint to share that commit only up to this position in the
+#: function: each call replays from the top, so further on the replay would cost more than the
+#: commit it saves, and the function goes on with a commit of its own per checkpoint.
+SHARED_COMMITS_UP_TO = 100
 
 
 class Stopped(BaseException):
@@ -35,10 +44,21 @@ class Stopped(BaseException):
     swallow it and run on past a checkpoint the engine has not recorded.
     """
 
-    def __init__(self, error: BaseException | None = None) -> None:
+    def __init__(self, error: BaseException | None = None, outcome: StepOutcome | None = None) -> None:
         super().__init__()
         #: The error the attempt in hand ends with (its policy decides); None: nothing to apply.
         self.error = error
+        #: The outcome the call ends with: the new checkpoint it ran, written with other outcomes.
+        self.outcome = outcome
+
+
+class Pending(NamedTuple):
+    """A new checkpoint whose body ran and whose output is written when the call ends (``others_waiting``)."""
+
+    step: WorkflowStep
+    checkpoint: str
+    output: Any
+    renaming: Renaming | None
 
 
 class DurableContext:
@@ -55,6 +75,12 @@ class DurableContext:
         self._current: str | None = None
         #: What the function's row becomes with the checkpoint's outcome (see :meth:`_take`).
         self._renaming: Renaming | None = None
+        #: The call ends at its next new checkpoint (another's work waits for the worker): the
+        #: one it ran then is recorded with the call's outcome, not in a transaction of its own.
+        self._ends_at_checkpoint = context.others_waiting
+        self._pending: Pending | None = None
+        #: Whether the replay holds every checkpoint up to the pending one (see :meth:`_keep`).
+        self._hands_on = False
 
     @property
     def subject(self) -> Any:
@@ -121,7 +147,7 @@ class DurableContext:
         finally:
             self._current = None
         if not definition.atomic:
-            self._record(step, output)
+            self._keep(step, checkpoint, output)
             return output
         self._renaming = None
         if following is None:
@@ -199,6 +225,8 @@ class DurableContext:
         position = self._position
         self._position += 1
         if position >= len(self._replay):
+            if self._pending is not None:  # the call ends here: the checkpoint it ran is its outcome
+                raise Stopped(outcome=self.ended_at_checkpoint())
             return False
         done = self._replay[position]
         if done.name != checkpoint:
@@ -210,12 +238,65 @@ class DurableContext:
             )
         return True
 
+    def _keep(self, step: WorkflowStep, checkpoint: str, output: Any) -> None:
+        """Record a new checkpoint's output now, or, when the call ends at the next one, with the call's outcome.
+
+        The function goes on in memory meanwhile, as a replay would: only to its next new
+        checkpoint (or its return), where the call ends (:meth:`_replayed`).
+        """
+        if not self._ends_at_checkpoint or self._position > SHARED_COMMITS_UP_TO:
+            self._record(step, output)
+            return
+        self._pending = Pending(step, checkpoint, output, self._renaming)
+        self._renaming = None
+        # Every position before this one is in the replay unless a checkpoint of this call was
+        # recorded another way (a failure raised into the function, an atomic body's): then
+        # the next call reads them all from the rows.
+        self._hands_on = len(self._replay) == self._position - 1
+        self._note(step, self._pending.renaming, output)
+
+    def record_pending(self) -> None:
+        """Record the checkpoint still to record now, in a transaction of its own (the function raised)."""
+        step, _, output, self._renaming = cast(Pending, self._pending)
+        self._pending = None
+        self._record(step, output)
+
+    def ended_at_checkpoint(self, returned: Any = None, finished: bool = False) -> StepOutcome:
+        """The call's outcome: the pending checkpoint's output, and the run's result when the function ``finished``.
+
+        It hands the row that carries the function on the checkpoints recorded with it.
+        """
+        from ..services.checkpoint_end import CheckpointEnd  # deferred: it imports the models
+        from ..services.outcome import StepOutcome
+
+        _, _, output, renaming = cast(Pending, self._pending)
+        attempts = dict(getattr(self._replay, "attempts", {}))
+        end = CheckpointEnd(
+            renamed=None if renaming is None else (renaming.checkpoint, renaming.attempt),
+            entry_attempt=None if renaming is None else renaming.entry_attempt,
+            carried=self._rows.Replay(list(self._replay), attempts) if self._hands_on else None,
+            finished=finished,
+            result=returned,
+        )
+        return StepOutcome("success", output=output, checkpoint=end)
+
     def _record(self, step: WorkflowStep, output: Any) -> None:
+        """Record checkpoint ``step``'s output now; the function goes on on the row that carries it on."""
         renaming, self._renaming = self._renaming, None
         following = self._rows.record(step, output, renaming=renaming)
         if following is None:
             raise Stopped()
+        if len(self._replay) == self._position - 1:  # what the call hands on stays what the rows hold
+            self._note(step, renaming, output)
         self._context.step = following
+
+    def _note(self, step: WorkflowStep, renaming: Renaming | None, output: Any) -> None:
+        """Add a checkpoint this call recorded (or will) to its replay, as ``checkpoints.recorded`` reads it."""
+        name, attempt = (step.step_name, step.attempt) if renaming is None else renaming[:2]
+        self._replay.append(self._rows.Recorded(name, output))
+        attempts = getattr(self._replay, "attempts", None)
+        if attempts is not None:
+            attempts[name] = max(attempts.get(name, 0), attempt)
 
     def _number(self, name: str) -> str:
         if not isinstance(name, str) or not name or "@" in name or "#" in name:
@@ -276,46 +357,3 @@ class DurableContext:
             failed = StepFailed(checkpoint, class_name(error), str(error))
             raise failed from error
         raise Stopped(error)
-
-
-def drive(workflow: Any) -> Any:
-    """The body of every row of a durable class of a plain ``def``: run the function from the top, replaying.
-
-    Its return finishes the run with that result. An error to apply (a checkpoint's, the
-    function's own) is raised for the engine's policies; nothing to apply is marked on the
-    step context (``applied``).
-    """
-    ctx = open_context(workflow)
-    try:
-        value = type(workflow).function(ctx, **workflow.arguments)
-    except Stopped as stopped:
-        return stopped_at(workflow, ctx._context, stopped)
-    return returned(workflow, ctx._context, value)
-
-
-def open_context(workflow: Any) -> DurableContext:
-    """The ``ctx`` of the attempt in hand, with the run's recorded checkpoints (one query)."""
-    from . import checkpoints  # deferred: the package root loads this module before the app registry
-
-    context: StepContext = workflow._context
-    replay = checkpoints.recorded(workflow.record.pk, context.step.pk)
-    return DurableContext(workflow, context, checkpoints, replay)
-
-
-def stopped_at(workflow: Any, context: StepContext, stopped: Stopped) -> None:
-    """The function stopped: its error raised for the engine's policies, or nothing left to apply."""
-    workflow._context = context
-    if stopped.error is None:
-        context.applied = True
-        return None
-    raise stopped.error from None
-
-
-def returned(workflow: Any, context: StepContext, value: Any) -> NoReturn:
-    """The function returned ``value``: the run finishes with it (raised as the engine's ``finished``)."""
-    workflow._context = context
-    if context.step.step_name != ENTRY:
-        raise NonDeterministicRun(
-            f"The function returned where the run was due at checkpoint {context.step.step_name!r}"
-        )
-    raise FlowControl("finished", value=value)

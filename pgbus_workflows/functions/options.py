@@ -8,6 +8,7 @@ recorded once the policy gives up and :class:`StepFailed` raised into the functi
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from ..dsl.decorators import step as declare_step
@@ -27,8 +28,21 @@ def checkpoint_definition(name: str, options: dict[str, Any]) -> StepDefinition:
 
     ``on_exception`` is an ``OnException`` or one of :data:`CHECKPOINT_ACTIONS`;
     ``max_reattempts=n`` goes with ``"reattempt"`` (then the run pauses, as a step's) or with
-    ``"raise"`` (then the failure is raised into the function).
+    ``"raise"`` (then the failure is raised into the function). Made once for each name and
+    options that can be hashed (every call of a checkpoint on every replay asks for it).
     """
+    try:
+        return _cached(name, tuple(sorted(options.items())))
+    except TypeError:  # an option's value cannot be hashed (a callable key is hashable; a list is not)
+        return _definition(name, options)
+
+
+@lru_cache(maxsize=4096)
+def _cached(name: str, items: tuple[tuple[str, Any], ...]) -> StepDefinition:
+    return _definition(name, dict(items))
+
+
+def _definition(name: str, options: dict[str, Any]) -> StepDefinition:
     unknown = set(options) - set(STEP_OPTIONS)
     if unknown:
         raise ConfigurationError(f"ctx.step takes {', '.join(STEP_OPTIONS)}, not {', '.join(sorted(unknown))}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
@@ -273,6 +274,11 @@ class WorkflowStep(models.Model):
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
 
     objects = WorkflowStepQuerySet.as_manager()
+
+    #: In memory only, never a column: what the outcome whose transaction claimed this attempt
+    #: for its worker handed it (a durable function's recorded checkpoints, so the function's
+    #: next call replays them without reading them again; ``services.applying``).
+    carried: Any = None
 
     class Meta:
         verbose_name = _("workflow step")

@@ -69,6 +69,8 @@ def _apply_together(
             if chain is not None:
                 step = ledger.claim_chained()
                 if step is not None:
+                    if outcome.checkpoint is not None:  # the function's next row: its checkpoints, in hand
+                        step.carried = outcome.checkpoint.carried
                     chained.append(step)
     return results, chained
 

@@ -98,6 +98,8 @@ def _settled(workflow: RunHandle, context: StepContext, value: Any, error: BaseE
             if error is not None:
                 raise error
         except FlowControl as flow:
+            if flow.kind == "outcome":  # a durable function's driver made the outcome itself
+                return cast(StepOutcome, flow.value)
             if flow.kind == "finished":
                 return StepOutcome("finished", output=_encoded(flow.value, f"{step_name} result"))
             if flow.kind != "output":

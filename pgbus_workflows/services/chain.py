@@ -7,6 +7,7 @@ it (``ledger``, ``fanout``, ``applying``) and the worker pool that empties it ne
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..models import FanOutJob, WorkflowStep
@@ -31,6 +32,9 @@ class Chain:
     #: The holds in force (``(kind, name)``), read by the batch's first chain and forgotten by
     #: :meth:`take`: one read a batch, so a hold placed meanwhile stops the next batch's chains.
     holds: frozenset[tuple[str, str]] | None = None
+    #: Whether the worker holds other work to run or write (set by a dispatcher's pool): an
+    #: attempt begun then is told so (``StepContext.others_waiting``).
+    others_waiting: Callable[[], bool] | None = None
 
     def take(self) -> list[WorkflowStep | FanOutJob]:
         """The chained steps and jobs (already claimed), once."""

@@ -14,7 +14,11 @@ if TYPE_CHECKING:
 
 
 class FlowControl(BaseException):
-    """Raised by the step verbs to end a body at once; a BaseException so ``except Exception`` misses it."""
+    """Raised by the step verbs to end a body at once; a BaseException so ``except Exception`` misses it.
+
+    Kind ``"outcome"`` carries a whole ``StepOutcome`` as its value: a durable function's
+    driver ends its call with the checkpoint it ran, to be written with other outcomes.
+    """
 
     def __init__(self, kind: str, *, wait: Any = None, reason: str | None = None, value: Any = None) -> None:
         super().__init__(kind)
@@ -47,3 +51,7 @@ class StepContext:
     #: beforehand, and bounds each checkpoint's body by that checkpoint's ``timeout=``, not the
     #: whole function by the row's (``pgbus_workflows.functions.async_context``).
     drives_function: bool = False
+    #: Set by a dispatcher's worker that holds other work to run or write: a durable function
+    #: then ends its call at its next new checkpoint, and that checkpoint's output is written
+    #: with the others' outcomes, in one transaction (``pgbus_workflows.functions``).
+    others_waiting: bool = False

@@ -135,7 +135,7 @@ def _attempt(step: WorkflowStep, chain: Chain | None) -> Begun:
     if outcome is None and definition is not None and definition.atomic:
         applied = execute_atomic(workflow, step, chain)
         return NOTHING if applied is None else Begun("applied", outcome=applied)
-    context = StepContext(step=step)
+    context = StepContext(step=step, others_waiting=chain is not None and _others_waiting(chain))
     if outcome is None and definition is not None and definition.wait_for:
         gate = with_reconnect(lambda: _gate(workflow, step, definition.wait_for, definition.wait_timeout))
         if gate is None:
@@ -152,6 +152,10 @@ def _attempt(step: WorkflowStep, chain: Chain | None) -> Begun:
             return Begun("awaiting", awaiting=started, step=context.step)
         return Begun("to_apply", outcome=started, step=context.step)
     return Begun("to_apply", outcome=outcome)
+
+
+def _others_waiting(chain: Chain) -> bool:
+    return chain.others_waiting is not None and chain.others_waiting()
 
 
 def _still_in_progress(step: WorkflowStep) -> bool:

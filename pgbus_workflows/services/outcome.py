@@ -8,6 +8,7 @@ the one place where an in-progress attempt ends.
 from __future__ import annotations
 
 import traceback as tb
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -56,6 +57,9 @@ class StepOutcome:
     body_ran: bool = True
     #: Set as an error is applied when its policy reattempts: (reattempt number, max_reattempts, wait).
     reattempt: tuple[int, int | None, timedelta] | None = None
+    #: A ``success`` that ends a durable function's call at the checkpoint it ran: what it writes
+    #: besides (a ``services.checkpoint_end.CheckpointEnd``, which imports this module).
+    checkpoint: Any = None
 
     @classmethod
     def from_error(cls, error: BaseException, **kwargs: Any) -> StepOutcome:
@@ -91,7 +95,9 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
     actor, reason = outcome.actor, outcome.reason
     if not outcome.body_ran and step.signal_id is not None:
         return_signal(ledger, step, outcome.kind)
-    if outcome.kind == "success":
+    if outcome.kind == "success" and outcome.checkpoint is not None:
+        outcome.checkpoint.apply(ledger, step, outcome)
+    elif outcome.kind == "success":
         ledger.move_step(step, "complete", outcome=StepOutcomeKind.SUCCESS, output=outcome.output)
         continue_after(ledger, step, kind="step_completed", actor=actor, reason=reason, details=outcome.details)
     elif outcome.kind == "finished":
@@ -109,15 +115,8 @@ def apply_outcome(ledger: RunLedger, step: WorkflowStep, outcome: StepOutcome) -
         _pause(ledger, step, "step_pause", kind="paused", actor=actor, reason=reason)
     elif outcome.kind == "cancel":
         ledger.move_step(step, "cancel", outcome=StepOutcomeKind.CANCELLED)
-        ledger.transition(
-            "cancel",
-            RunStatus.CANCELLED,
-            kind="cancelled",
-            step=step,
-            actor=actor,
-            reason=reason,
-            details=outcome.details,
-        )
+        why: dict[str, Any] = {"actor": actor, "reason": reason, "details": outcome.details}
+        ledger.transition("cancel", RunStatus.CANCELLED, kind="cancelled", step=step, **why)
     elif outcome.kind == "error":
         _apply_error(ledger, step, definition, outcome)
     elif outcome.kind == "fan_out":
@@ -257,22 +256,26 @@ def _pause(ledger: RunLedger, step: WorkflowStep, transition: str, **kwargs: Any
     ledger.set_run(paused_reason=kwargs.get("reason") or "")
 
 
+def _earlier_attempts(step: WorkflowStep) -> Iterator[tuple[str, str]]:
+    """``(outcome, reattempt_reason)`` of this step's earlier attempts in the run, the latest first."""
+    return (
+        WorkflowStep.objects.filter(run_id=step.run_id, step_name=step.step_name, pk__lt=step.pk)
+        .order_by("-pk")
+        .values_list("outcome", "reattempt_reason")
+        .iterator()
+    )
+
+
 def consecutive_error_reattempts(step: WorkflowStep) -> int:
     """Error reattempts of this step since its last attempt that was not reattempted.
 
     Voluntary ``reattempt()`` calls are passed over: they neither count nor break the run.
     """
-    rows = (
-        WorkflowStep.objects.filter(run_id=step.run_id, step_name=step.step_name, pk__lt=step.pk)
-        .order_by("-pk")
-        .values_list("outcome", "reattempt_reason")
-    )
     count = 0
-    for outcome, reason in rows.iterator():
+    for outcome, reason in _earlier_attempts(step):
         if outcome != StepOutcomeKind.REATTEMPTED:
             break
-        if reason in ERROR_REATTEMPT_REASONS:
-            count += 1
+        count += reason in ERROR_REATTEMPT_REASONS
     return count
 
 
@@ -281,13 +284,8 @@ def consecutive_stalls(step: WorkflowStep) -> int:
 
     A stall that paused the run ends the count: a run resumed by an operator starts afresh.
     """
-    attempts = (
-        WorkflowStep.objects.filter(run_id=step.run_id, step_name=step.step_name, pk__lt=step.pk)
-        .order_by("-pk")
-        .values_list("outcome", "reattempt_reason")
-    )
     count = 0
-    for outcome, reason in attempts.iterator():
+    for outcome, reason in _earlier_attempts(step):
         if outcome != StepOutcomeKind.STALLED or reason != STALL_REATTEMPT:
             break
         count += 1
@@ -328,13 +326,8 @@ def _apply_error(
             details["reattempts_exhausted"] = count
         else:
             reattempt_reason = "precondition" if outcome.precondition else "exception_policy"
-            ledger.move_step(
-                step,
-                "fail",
-                outcome=StepOutcomeKind.REATTEMPTED,
-                reattempt_reason=reattempt_reason,
-                **error_fields,
-            )
+            fields = {"outcome": StepOutcomeKind.REATTEMPTED, "reattempt_reason": reattempt_reason, **error_fields}
+            ledger.move_step(step, "fail", **fields)
             wait = resolve_wait(policy.wait, count + 1)
             outcome.reattempt = (count + 1, policy.max_reattempts, wait)
             _reattempt(ledger, step, definition, wait, actor=actor, reason=reason, details=details)

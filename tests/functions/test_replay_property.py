@@ -4,7 +4,9 @@ Hypothesis writes small programs (a DSL of checkpoints with repeated names, slee
 for a signal sent before the wait, after it, or never: its timeout) that one durable function
 interprets from its arguments. Each program runs twice on real PostgreSQL with the test helpers:
 once uninterrupted, once with crashes, and the two runs must record the same sequence of
-checkpoint names and outputs and finish with the same result. The crashes are of two kinds:
+checkpoint names and outputs and finish with the same result; the crashed run's attempts run
+either through the helpers or as a dispatcher's worker with other work in hand, whose calls end
+at each new checkpoint and write it with their outcome. The crashes are of two kinds:
 
 - a ``BaseException`` raised once inside a checkpoint's body after its side effect (the result
   is lost: the body runs again), or in the function's own code before or after a checkpoint;
@@ -31,7 +33,10 @@ from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.functions import ENTRY
 from pgbus_workflows.models import Dispatcher, WorkflowStep
 from pgbus_workflows.services import operator
+from pgbus_workflows.services.applying import apply_outcomes
+from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_step
+from pgbus_workflows.services.executor import perform_step
 from pgbus_workflows.services.waiting import waiting_step
 from pgbus_workflows.states import RunStatus, StepStatus
 from pgbus_workflows.workflow import Workflow
@@ -94,13 +99,30 @@ PROGRAMS = st.lists(st.one_of(STEP, STEP, SLEEP, WAIT).map(list), min_size=1, ma
 
 
 @st.composite
-def programs_and_crashes(draw: Any) -> tuple[list[list[Any]], list[list[Any]], set[int]]:
-    """A program, the crashes raised in it (``[index, where]``), and the claims a dead dispatcher holds."""
+def programs_and_crashes(draw: Any) -> tuple[list[list[Any]], list[list[Any]], set[int], bool]:
+    """A program, the crashes raised in it (``[index, where]``), the claims a dead dispatcher holds,
+    and whether its attempts run as a dispatcher's worker with other work in hand (commits shared)."""
     ops = draw(PROGRAMS)
     spots = st.tuples(st.integers(0, len(ops) - 1), st.sampled_from(["before", "body", "after"])).map(list)
     crashes = draw(st.lists(spots, max_size=4, unique_by=tuple))
     kills = draw(st.sets(st.integers(0, 3 * len(ops) + 2), max_size=3))
-    return ops, crashes, kills
+    return ops, crashes, kills, draw(st.booleans())
+
+
+def _perform_as_a_busy_worker(run: Workflow) -> None:
+    """Claim the run's due attempt and run it, and the rows its outcomes chain, as a worker with other work in hand.
+
+    Each call then ends at its new checkpoint, written with the call's outcome (``services.checkpoint_end``).
+    """
+    step = WorkflowStep.objects.get(run_id=run.record.pk, status=StepStatus.SCHEDULED)
+    if step.scheduled_at > timezone.now():
+        operator.run_now(run.record.pk, actor="test", reason="due now")
+    chain = Chain("busy-worker", None, others_waiting=lambda: True)
+    queue = [claim_step(step.pk, claimed_by="busy-worker")]
+    while queue:
+        performed = [perform_step(claimed, chain=chain, verify=False) for claimed in queue if claimed is not None]
+        apply_outcomes([done for done in performed if isinstance(done, tuple)], chain)
+        queue = chain.take()
 
 
 def _die_holding_a_claim(run: Workflow) -> None:
@@ -118,7 +140,9 @@ def _die_holding_a_claim(run: Workflow) -> None:
     assert run.reload().status == RunStatus.READY, "the sweep stalls the dead dispatcher's attempt"
 
 
-def _run_to_end(helpers: Helpers, ops: list[list[Any]], crashes: list[list[Any]], kills: set[int]) -> Workflow:
+def _run_to_end(
+    helpers: Helpers, ops: list[list[Any]], crashes: list[list[Any]], kills: set[int], shared: bool = False
+) -> Workflow:
     run = interpret.start(None, ops=ops, crashes=crashes)
     for index, (kind, _, mode) in enumerate(ops):
         if kind == "wait" and mode == "early":
@@ -130,6 +154,8 @@ def _run_to_end(helpers: Helpers, ops: list[list[Any]], crashes: list[list[Any]]
         if status == RunStatus.READY:
             if moves in kills:
                 _die_holding_a_claim(run)
+            elif shared:
+                _perform_as_a_busy_worker(run)
             else:
                 helpers.perform_next_step(run)
         elif status == RunStatus.WAITING:
@@ -167,10 +193,13 @@ def _bodies(run: Workflow) -> Counter[str]:
 )
 @given(programs_and_crashes())
 def test_a_replay_after_crashes_records_what_an_uninterrupted_run_does(transactional_db, helpers, drawn):
-    ops, crashes, kills = drawn
+    ops, crashes, kills, shared = drawn
 
     clean = _run_to_end(helpers, ops, [], set())
-    crashed = _run_to_end(helpers, ops, crashes, kills)
+    if shared:  # uninterrupted too: crashes make every call read the rows again
+        busy = _run_to_end(helpers, ops, [], set(), shared)
+        assert (_recorded(busy), busy.result(), _bodies(busy)) == (_recorded(clean), clean.result(), _bodies(clean))
+    crashed = _run_to_end(helpers, ops, crashes, kills, shared)
 
     assert _recorded(crashed) == _recorded(clean)
     assert crashed.result() == clean.result()

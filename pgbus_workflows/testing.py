@@ -36,6 +36,7 @@ from typing import Any, cast
 from asgiref.sync import sync_to_async
 
 from .exceptions import StepWaiting, TestHelperError
+from .functions.names import ENTRY
 from .models import FanOutJob, JobStatus, WorkflowRun, WorkflowStep
 from .services import operator
 from .services.claims import claim_step
@@ -312,9 +313,14 @@ class WorkflowTestMixin:
             raise self.failureException(f"Expected workflow to be {status}, but was {actual}")
 
     def assertStepsCompleted(self, workflow: Workflow, step_names: Sequence[str]) -> None:  # noqa: N802
-        """Fail unless ``step_names`` are exactly the run's completed steps, in order."""
+        """Fail unless ``step_names`` are exactly the run's completed steps, in order.
+
+        A durable run's are its checkpoints: the function's own ``@function`` row, which holds
+        its result, is left out.
+        """
         completed: list[Any] = list(
             WorkflowStep.objects.filter(run_id=workflow.record.pk, status=StepStatus.COMPLETED, outcome="success")
+            .exclude(step_name=ENTRY)
             .order_by("pk")
             .values_list("step_name", flat=True)
         )

@@ -11,6 +11,7 @@ from pgbus_workflows.models import WorkflowEvent, WorkflowStep
 from pgbus_workflows.services.claims import claim_due_steps
 from pgbus_workflows.testing import WorkflowTestMixin
 from tests.support import labels, record
+from tests.testapp.durable_workflows import durable_noop3
 from tests.testapp.models import Order
 
 
@@ -274,3 +275,10 @@ class AssertionTests(WorkflowTestMixin, TestCase):
         drip.skip(actor="erin")
         self.speedrun_workflow(drip)
         self.assertStepsCompleted(drip, ["reminder", "goodbye"])
+
+    def test_assert_steps_completed_on_a_durable_run_lists_its_checkpoints(self):
+        """The function's own ``@function`` row, which holds its result, is not a checkpoint."""
+        wf = durable_noop3.start(None)
+        self.speedrun_workflow(wf)
+        self.assertTrue(WorkflowStep.objects.filter(run_id=wf.record.pk, step_name="@function").exists())
+        self.assertStepsCompleted(wf, ["a", "b", "c"])

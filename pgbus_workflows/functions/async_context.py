@@ -84,7 +84,7 @@ class AsyncDurableContext:
                 return await sync_to_async(ctx._failed)(step, checkpoint, definition, error)
             finally:
                 ctx._current = None
-            if ctx._ends_at_checkpoint:  # recorded with the call's outcome: nothing to send now
+            if ctx.shares_commit():  # recorded with the call's outcome: nothing to send now
                 ctx._keep(step, checkpoint, output)
             else:
                 await sync_to_async(ctx._record)(step, output)

@@ -244,7 +244,7 @@ class DurableContext:
         The function goes on in memory meanwhile, as a replay would: only to its next new
         checkpoint (or its return), where the call ends (:meth:`_replayed`).
         """
-        if not self._ends_at_checkpoint or self._position > SHARED_COMMITS_UP_TO:
+        if not self.shares_commit():
             self._record(step, output)
             return
         self._pending = Pending(step, checkpoint, output, self._renaming)
@@ -254,6 +254,10 @@ class DurableContext:
         # the next call reads them all from the rows.
         self._hands_on = len(self._replay) == self._position - 1
         self._note(step, self._pending.renaming, output)
+
+    def shares_commit(self) -> bool:
+        """Whether the new checkpoint just run is recorded with the call's outcome (:meth:`_keep`), not now."""
+        return self._ends_at_checkpoint and self._position <= SHARED_COMMITS_UP_TO
 
     def record_pending(self) -> None:
         """Record the checkpoint still to record now, in a transaction of its own (the function raised)."""

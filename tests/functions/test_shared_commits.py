@@ -253,11 +253,17 @@ def long_function(ctx, checkpoints):
     return sum(ctx.step("c", counted(ctx, f"c{n}", 1)) for n in range(checkpoints))
 
 
-def test_past_the_shared_positions_a_function_goes_on_with_commits_of_its_own(monkeypatch):
+@durable(name="durable_shared_long_async", allow_multiple=True)
+async def long_function_async(ctx, checkpoints):
+    return sum([await ctx.step("c", counted(ctx, f"c{n}", 1)) for n in range(checkpoints)])
+
+
+@pytest.mark.parametrize("function", [long_function, long_function_async], ids=["def", "async def"])
+def test_past_the_shared_positions_a_function_goes_on_with_commits_of_its_own(monkeypatch, function):
     """Replaying from the top at every checkpoint of a long function would cost more than the commits it saves."""
     monkeypatch.setattr("pgbus_workflows.functions.context.SHARED_COMMITS_UP_TO", 5)
     CALLS.clear()
-    run = long_function.start(None, checkpoints=8)
+    run = function.start(None, checkpoints=8)
     with CaptureQueriesContext(connection) as captured:
         batches = _work_as_a_busy_worker()
     assert batches == 6  # a call for each of the first five; the sixth call runs the last three and returns

@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from pgbus_workflows import OnException, StepFailed, durable
 from pgbus_workflows.functions import ENTRY
-from pgbus_workflows.models import WorkflowStep
+from pgbus_workflows.models import WorkflowRun, WorkflowStep
 from pgbus_workflows.services.applying import apply_outcomes
 from pgbus_workflows.services.chain import Chain
 from pgbus_workflows.services.claims import claim_due_steps
@@ -102,6 +102,16 @@ def compensating(ctx):
     except StepFailed:
         ctx.step("refund", counted(ctx, "refund", "refunded"))
     return ctx.step("notify", counted(ctx, "notify", "sent"))
+
+
+@durable(name="durable_shared_kid", allow_multiple=True)
+def kid(ctx, base):
+    return ctx.step("x", counted(ctx, "x", base)) + 1  # the result is not the last checkpoint's output
+
+
+@durable(name="durable_shared_parent", allow_multiple=True)
+def parent(ctx):
+    return ctx.child("kid", kid, base=40) + ctx.step("after", counted(ctx, "after", 1))
 
 
 def _commits(captured):
@@ -303,3 +313,18 @@ def test_a_failure_raised_into_the_function_then_a_shared_checkpoint_reads_the_r
         (ENTRY, StepOutcomeKind.SUCCESS),
     ]
     assert set(CALLS.values()) == {1}
+
+
+def test_a_child_finished_in_its_checkpoints_write_hands_its_parent_the_functions_result():
+    """The child's run ends on the row holding its return: its parent's job gets the return, not ``x``'s output."""
+    CALLS.clear()
+    run = parent.start(None)
+    for _ in range(5):  # the parent parks on its child; the child's end wakes it
+        _work_as_a_busy_worker()
+        if run.reload().status == RunStatus.FINISHED:
+            break
+    assert run.reload().status == RunStatus.FINISHED, run.record.paused_reason
+    assert run.result() == 42
+    [child] = WorkflowRun.objects.filter(workflow_class="durable_shared_kid")
+    assert kid.find(child.workflow_id).result() == 41
+    assert events_of(kid.find(child.workflow_id), "finished")[0].details["checkpoint"] == "x"

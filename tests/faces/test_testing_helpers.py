@@ -276,6 +276,16 @@ class AssertionTests(WorkflowTestMixin, TestCase):
         self.speedrun_workflow(drip)
         self.assertStepsCompleted(drip, ["reminder", "goodbye"])
 
+    def test_a_step_that_comes_due_while_the_helper_moves_it_up_runs(self):
+        """Due a moment after the helper reads the clock, before ``run_now`` does: it runs, no refusal."""
+        for delay in range(40):  # one of these lands between the helper's read and run_now's (a few ms)
+            wf = HelpersDrip.start(Order.objects.create())
+            WorkflowStep.objects.filter(run_id=wf.record.pk).update(
+                scheduled_at=timezone.now() + timedelta(microseconds=250 * delay)
+            )
+            self.perform_next_step(wf)
+            self.assertStepsCompleted(wf, ["welcome"])
+
     def test_assert_steps_completed_on_a_durable_run_lists_its_checkpoints(self):
         """The function's own ``@function`` row, which holds its result, is not a checkpoint."""
         wf = durable_noop3.start(None)

@@ -252,7 +252,7 @@ class DurableContext:
         # Every position before this one is in the replay unless a checkpoint of this call was
         # recorded another way (a failure raised into the function, an atomic body's): then
         # the next call reads them all from the rows.
-        self._hands_on = len(self._replay) == self._position - 1
+        self._hands_on = self._replay_complete()
         self._note(step, self._pending.renaming, output)
 
     def shares_commit(self) -> bool:
@@ -290,9 +290,13 @@ class DurableContext:
         following = self._rows.record(step, output, renaming=renaming)
         if following is None:
             raise Stopped()
-        if len(self._replay) == self._position - 1:  # what the call hands on stays what the rows hold
+        if self._replay_complete():  # what the call hands on stays what the rows hold
             self._note(step, renaming, output)
         self._context.step = following
+
+    def _replay_complete(self) -> bool:
+        """Whether the replay holds every checkpoint before the one at hand (none recorded another way)."""
+        return len(self._replay) == self._position - 1
 
     def _note(self, step: WorkflowStep, renaming: Renaming | None, output: Any) -> None:
         """Add a checkpoint this call recorded (or will) to its replay, as ``checkpoints.recorded`` reads it."""

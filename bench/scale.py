@@ -35,7 +35,7 @@ import time
 
 from bench.admin import timed
 from bench.common import BENCH_URL, admin_connection, psql_args, quantiles_ms
-from bench.scale_fill import Copies, check_copies, copy_run
+from bench.scale_fill import Copies, bulk_load, check_copies, copy_run
 
 # Named ``..._bench`` so that the processes it starts (``bench.common`` in each) keep it.
 SCALE_URL = BENCH_URL.removesuffix("_bench") + "_scale_bench"
@@ -99,9 +99,10 @@ def build(runs: int, waiting: int, days: float) -> float:
 
     began = time.perf_counter()
     made = templates()
-    copy_run(Copies(made[BUSY], runs - 5, BUSY, days * 86400))
-    copy_run(Copies(made[QUIET], 5, QUIET, 86400))
-    copy_run(Copies(made["waiting"], waiting, "waits", 86400, due_in_seconds=3 * 86400))
+    with bulk_load((WorkflowRun, WorkflowStep, WorkflowEvent)):
+        copy_run(Copies(made[BUSY], runs - 5, BUSY, days * 86400))
+        copy_run(Copies(made[QUIET], 5, QUIET, 86400))
+        copy_run(Copies(made["waiting"], waiting, "waits", 86400, due_in_seconds=3 * 86400))
     for name, pk in made.items():
         check_copies(pk, "waits" if name == "waiting" else name)
     roll_up_history()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import connection
 from django.test import TestCase
 
-from bench.scale_fill import Copies, check_copies, copy_run
+from bench.scale_fill import Copies, bulk_load, check_copies, copy_run
 from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowStep
 from pgbus_workflows.sql import clock
 from pgbus_workflows.testing import WorkflowTestMixin
@@ -53,3 +54,35 @@ class CopiesOfWaitingRuns(WorkflowTestMixin, TestCase):
         self.advance(timedelta(days=3, hours=1))
         self.speedrun_workflow(copy)
         self.assertWorkflowStatus(copy, "finished")
+
+
+TABLES = (WorkflowRun, WorkflowStep, WorkflowEvent)
+
+
+def indexes_and_triggers() -> tuple[set[str], set[tuple[str, str]]]:
+    """The three tables' index definitions, and (trigger, enabled) of each of their triggers."""
+    names = [model._meta.db_table for model in TABLES]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = ANY(%s)", [names])
+        indexes = {row[0] for row in cursor.fetchall()}
+        cursor.execute("SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = ANY(%s::regclass[])", [names])
+        return indexes, set(cursor.fetchall())
+
+
+class CopiesLoadedInBulk(WorkflowTestMixin, TestCase):
+    def test_the_tables_fill_without_their_indexes_and_triggers_and_get_them_back(self) -> None:
+        before_indexes, before_triggers = indexes_and_triggers()
+        template = self.speedrun_workflow(ThreeSteps.start()).record
+        with bulk_load(TABLES):
+            during_indexes, during_triggers = indexes_and_triggers()
+            copy_run(Copies(template.pk, 3, "copied", spread_seconds=60))
+
+        self.assertLess(len(during_indexes), len(before_indexes) - 20)
+        self.assertTrue(any("_pkey" in index for index in during_indexes), "primary keys stay")
+        self.assertEqual({enabled for _, enabled in during_triggers}, {"D"})
+        after_indexes, after_triggers = indexes_and_triggers()
+        self.assertEqual(after_indexes ^ before_indexes, set())
+        self.assertEqual(after_triggers, before_triggers)
+        self.assertEqual({enabled for _, enabled in before_triggers}, {"O"})
+        check_copies(template.pk, "copied")
+        self.assertEqual(WorkflowRun.objects.filter(workflow_class="copied").count(), 3)

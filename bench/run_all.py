@@ -1,6 +1,6 @@
 """Every benchmark in one run, one Markdown table: the figures of the docs' benchmarks page (docs/benchmarks.md).
 
-    .venv/bin/python -m bench.run_all [--quick] [--no-peers] [--rss-steps N]
+    .venv/bin/python -m bench.run_all [--quick] [--no-peers] [--rss-steps N] [--scale RUNS]
 
 Measured in this one run on this machine, in databases of its own: pgbench's simple-update
 tps (the machine's commit rate, the baseline every ratio divides by); backlog steps/s (runs
@@ -15,13 +15,17 @@ paused runs whose steps are due against empty tables (``bench.waiting --paused``
 then what each operation costs the primary, counted (``bench.capacity``: round trips,
 statements, commits, WAL bytes, the server's CPU), a second table.
 Steps/s are the median of three measurements. ``--quick``
-shrinks every size (a smoke run, not figures to publish).
+shrinks every size (a smoke run, not figures to publish). ``--scale RUNS`` adds
+``bench.scale``'s tables last: the engine and the operator's pages behind ``RUNS`` finished
+runs and a tenth as many waiting (10,000,000 for the issue's figures: about an hour here).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 
 from bench import capacity, rss
 from bench.common import drop_database, paired_median, pgbench_tps, recreate_database
@@ -37,6 +41,7 @@ def main() -> None:
     """Run every measurement and print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=4, help="of each dispatcher in the backlog rows (4)")
+    parser.add_argument("--scale", type=int, metavar="RUNS", help="bench.scale behind RUNS finished runs, last")
     args, sizes = parse_sizes(parser)
     runs, jobs, history = (200, 1000, 20_000) if args.quick else (1000, 10_000, 1_000_000)
     waiting = (20_000, 1) if args.quick else (200_000, 3)  # runs waiting days, repetitions
@@ -96,6 +101,10 @@ def main() -> None:
     print(f"Backlog rows: concurrency {c} per dispatcher.")
     print()
     capacity.print_table(capacity.measure(100 if args.quick else capacity.DEFAULT_RUNS))
+    if args.scale:
+        print(flush=True)
+        command = ["--runs", str(args.scale), "--waiting", str(max(1, args.scale // 10))]
+        subprocess.run([sys.executable, "-m", "bench.scale", *command], check=True)
 
 
 if __name__ == "__main__":

@@ -188,11 +188,13 @@ def bulk_load(models: Iterable[Any]) -> Iterator[None]:
     from django.db.models import UniqueConstraint
 
     models = list(models)
-    declared = [
-        (model, index, constraint)
+    # (model, index or partial unique constraint, whether a constraint)
+    declared = [(model, index, False) for model in models for index in model._meta.indexes]
+    declared += [
+        (model, constraint, True)
         for model in models
-        for index, constraint in [(index, False) for index in model._meta.indexes]
-        + [(c, True) for c in model._meta.constraints if isinstance(c, UniqueConstraint) and c.condition is not None]
+        for constraint in model._meta.constraints
+        if isinstance(constraint, UniqueConstraint) and constraint.condition is not None
     ]
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # checks pending in a transaction run before the ALTER

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, When
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -296,9 +296,14 @@ class WorkflowStep(models.Model):
         indexes = [
             # Serves the claim query only: finished history never enters it, and a paused run's
             # attempt (``held``) or one parked by a limit with no room (``parked``) sits after its
-            # priority's claimable ones, out of every claim's range.
+            # priority's claimable ones, out of every claim's range. Keyed on the due time of a
+            # scheduled attempt alone, which has statistics of its own (``sql.due``).
             models.Index(
-                fields=["priority", "held", "parked", "scheduled_at", "id"],
+                F("priority"),
+                F("held"),
+                F("parked"),
+                Case(When(status=StepStatus.SCHEDULED, then=F("scheduled_at"))),
+                F("id"),
                 condition=Q(status=StepStatus.SCHEDULED),
                 name="pgbus_wf_step_due",
             ),

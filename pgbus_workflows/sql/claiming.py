@@ -1,4 +1,4 @@
-"""The statements of the dispatcher's claims: due steps and jobs, the look-ahead, the re-check.
+"""The statements of the dispatcher's claims: due steps and jobs, the re-check, the stray holds.
 
 Registered in the same :data:`.statements.BUILDERS` as every other statement, and built with
 the same helpers: names quoted by the backend, status values from the ``TextChoices``.
@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from ..models import FanOutJob, HoldKind, WorkflowEvent, WorkflowRun, WorkflowStep
 from ..states import JobStatus, RunStatus, StepStatus, check_run_transition, job_event, step_event
 from . import fairness, limiting
+from .due import due_at, due_by, look_ahead, priorities
 from .holding import held_names
 from .statements import INDEX_PLANS, builds, column, columns, literal, pk, quote, table
 
@@ -21,9 +22,10 @@ from .statements import INDEX_PLANS, builds, column, columns, literal, pk, quote
 def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, fair: bool = False) -> str:
     """Claim due attempts of ready runs in one statement (PostgreSQL): locked, moved, recorded, looked past.
 
-    The due steps are read priority by priority, lowest first (:func:`priorities`), each
+    The due steps are read priority by priority, lowest first (:func:`.due.priorities`), each
     priority's due range in the order of the partial index ``pgbus_wf_step_due`` (priority,
-    ``held``, ``scheduled_at``: a paused run's attempts, held, are past the range), and
+    ``held``, ``parked``, due time (:func:`.due.due_at`): a paused run's attempts, held, are
+    past the range), and
     locked with their runs (each run by its primary key, in a lateral subquery, then the
     step): ``SKIP LOCKED`` never waits (no lock order to keep), and a row
     changed since the snapshot is re-read at its latest version. Those whose ``(class, step
@@ -32,7 +34,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, fair
     the others stay as they are, locked until the commit, and are returned unclaimed so the
     caller learns to leave them out (``unknown``: how many such pairs it leaves out already).
 
-    It also reads what the dispatcher's loop needs to know to sleep (:func:`look_ahead`), and
+    It also reads what the dispatcher's loop needs to know to sleep (:func:`.due.look_ahead`), and
     ``without_flush`` (a claim that is a transaction of its own, run in autocommit: one
     statement, one round trip) makes its commit not wait for the disk: a claim lost in a
     server crash leaves its step scheduled, and it runs again, as a claim kept by the crash
@@ -79,7 +81,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, fair
         f"s.{step_col('status')} = {literal(StepStatus.SCHEDULED)}",
         f"NOT s.{step_col('held')}",  # a paused run's: after the claimable ones, never read
         "NOT s.parked",  # held back by a limit with no room: after them too, until put back
-        f"s.{step_col('scheduled_at')} <= %(due_by)s",
+        due_by(conn, "s", "%(due_by)s"),  # estimated as the few steps it is, whatever the history (``sql.due``)
         f"s.{step_col('queue')} <> ALL({held_names(conn, HoldKind.QUEUE)})",  # an operator's hold
     ]
     if queues:
@@ -121,8 +123,7 @@ def claim_steps(conn: Any, queues: bool, unknown: int, without_flush: bool, fair
     )
     of_priority = (
         f"{head}WHERE s.{step_col('priority')} = p.priority AND {' AND '.join(where)} "
-        f"ORDER BY s.{step_col('scheduled_at')}, s.{pk(conn, WorkflowStep)} "
-        "LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED"
+        f"ORDER BY {due_at(conn, 's')}, s.{pk(conn, WorkflowStep)} LIMIT %(limit)s FOR UPDATE OF s SKIP LOCKED"
     )
     if fair:
         in_fair_order = (
@@ -332,62 +333,4 @@ def stray_holds(conn: Any) -> str:
     return (
         f"WITH RECURSIVE {priorities(conn, 'priorities', WorkflowStep)} "
         f"SELECT h.* FROM priorities p CROSS JOIN LATERAL ({of_priority}) h LIMIT %s"
-    )
-
-
-def priorities(conn: Any, name: str, model: type[WorkflowStep] | type[FanOutJob]) -> str:
-    """A recursive CTE ``name``: the priorities of the due-index rows of ``model``, lowest first (PostgreSQL).
-
-    The scheduled steps (index ``pgbus_wf_step_due``, on (priority, ``held``, ``scheduled_at``,
-    id)) or the pending jobs (``pgbus_wf_job_due``, on (priority, ``scheduled_at``, id)). One
-    column, ``priority``; a last NULL ends it; each priority is one descent of the index.
-    PostgreSQL bounds a read of such an index by ``scheduled_at`` only within one priority:
-    read whole, it holds every row due later too, so the claims and the look-ahead read one
-    range per priority.
-    """
-    rows = table(conn, model)
-    status, priority = column(conn, model, "status"), column(conn, model, "priority")
-    due = literal(StepStatus.SCHEDULED if model is WorkflowStep else JobStatus.PENDING)
-    after = f"SELECT MIN(x.{priority}) FROM {rows} x WHERE x.{status} = {due} AND x.{priority} > p.priority"
-    return (
-        f"{name} AS (SELECT MIN({priority}) AS priority FROM {rows} WHERE {status} = {due} UNION ALL "
-        f"SELECT ({after}) FROM {name} p WHERE p.priority IS NOT NULL)"
-    )
-
-
-def look_ahead(conn: Any, queues: bool) -> str:
-    """When the loop must next look (PostgreSQL): the earliest future step or job, and whether a job is due now.
-
-    Part of the claim's statement, so it costs no round trip of its own. It reads the CTEs
-    ``priorities`` and ``job_priorities`` (:func:`priorities`), and in each priority's range
-    of the due index the first step due later whose run is ready, the first job due later,
-    and whether one is due now: a few index pages, however many wait for later.
-    Placeholders: the claim's, ``now`` and (``queues``) ``queues``. Only what is due *after* ``now`` counts: a
-    step due now that the claim passed over is held by another transaction (whose commit
-    sends a ``NOTIFY``) or waits for newer code, and must not make the loop spin on it.
-    """
-    steps, runs, jobs = table(conn, WorkflowStep), table(conn, WorkflowRun), table(conn, FanOutJob)
-    in_queues = " AND {}queue = ANY(%(queues)s)" if queues else ""
-    pending = literal(JobStatus.PENDING)
-    first_later = (
-        f"SELECT s.scheduled_at FROM {steps} s WHERE s.status = {literal(StepStatus.SCHEDULED)} "
-        "AND s.priority = p.priority AND NOT s.held AND NOT s.parked "
-        f"AND s.scheduled_at > %(now)s{in_queues.format('s.')} "
-        f"AND (SELECT r.status FROM {runs} r WHERE r.id = s.run_id) = {literal(RunStatus.READY)} "
-        "ORDER BY s.scheduled_at LIMIT 1"
-    )
-    job_later = (
-        f"SELECT scheduled_at FROM {jobs} WHERE status = {pending} AND priority = p.priority "
-        f"AND scheduled_at > %(now)s{in_queues.format('')} ORDER BY scheduled_at LIMIT 1"
-    )
-    job_now = (
-        f"SELECT 1 FROM {jobs} WHERE status = {pending} AND priority = p.priority "
-        f"AND scheduled_at <= %(now)s{in_queues.format('')} LIMIT 1"
-    )
-    refill = f", {limiting.next_token(conn, '(SELECT at FROM limit_clock)', 'taken')}"
-    return (
-        "SELECT LEAST("
-        f"(SELECT MIN(l.scheduled_at) FROM priorities p CROSS JOIN LATERAL ({first_later}) l), "
-        f"(SELECT MIN(l.scheduled_at) FROM job_priorities p CROSS JOIN LATERAL ({job_later}) l){refill}"
-        f"), EXISTS (SELECT 1 FROM job_priorities p CROSS JOIN LATERAL ({job_now}) l)"
     )

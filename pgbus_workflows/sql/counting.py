@@ -103,7 +103,7 @@ def oldest_due_at(now: datetime) -> datetime | None:
     """The ``scheduled_at`` of the longest-waiting attempt due at ``now``, not held nor parked (None: nothing is).
 
     On PostgreSQL, one probe of the due index (``pgbus_wf_step_due``: priority, ``held``,
-    ``parked``, ``scheduled_at``) per priority in use, as the claim reads it: the steps waiting
+    ``parked``, due time, ``sql.due``) per priority in use, as the claim reads it: the steps waiting
     for later are never walked. Attempts a full limit parked are left out (the health report
     counts them as held back).
     """
@@ -113,21 +113,24 @@ def oldest_due_at(now: datetime) -> datetime | None:
     due = WorkflowStep.objects.filter(status=StepStatus.SCHEDULED, held=False, parked=False, scheduled_at__lte=now)
     if not postgresql():
         return due.order_by("scheduled_at").values_list("scheduled_at", flat=True).first()
+    from .due import due_at, due_by
+
     opts = WorkflowStep._meta
     with cursor(due.db) as django_cursor:
-        quote = django_cursor.db.ops.quote_name
-        table = quote(opts.db_table)
-        status, held, parked, priority, at = (
-            quote(opts.get_field(f).column)  # type: ignore[union-attr]
-            for f in ("status", "held", "parked", "priority", "scheduled_at")
+        conn = django_cursor.db
+        table = conn.ops.quote_name(opts.db_table)
+        status, held, parked, priority = (
+            conn.ops.quote_name(opts.get_field(f).column)  # type: ignore[union-attr]
+            for f in ("status", "held", "parked", "priority")
         )
-        scheduled = f"{status} = %s"
+        scheduled, at = f"{status} = %s", due_at(conn, table)
         django_cursor.execute(
             f"WITH RECURSIVE priorities(p) AS (SELECT MIN({priority}) FROM {table} WHERE {scheduled} "
             f"UNION ALL SELECT (SELECT MIN({priority}) FROM {table} WHERE {scheduled} AND {priority} > priorities.p) "
             "FROM priorities WHERE priorities.p IS NOT NULL) "
             f"SELECT MIN((SELECT {at} FROM {table} WHERE {scheduled} AND {priority} = priorities.p AND NOT {held} "
-            f"AND NOT {parked} AND {at} <= %s ORDER BY {at} LIMIT 1)) FROM priorities WHERE priorities.p IS NOT NULL",
+            f"AND NOT {parked} AND {due_by(conn, table, '%s')} ORDER BY {at} LIMIT 1)) "
+            "FROM priorities WHERE priorities.p IS NOT NULL",
             [StepStatus.SCHEDULED, StepStatus.SCHEDULED, StepStatus.SCHEDULED, now],
         )
         row = django_cursor.fetchone()

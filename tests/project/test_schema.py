@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 from django.apps import apps
-from django.db import IntegrityError, connection, models, transaction
+from django.db import IntegrityError, connection, transaction
 
 from pgbus_workflows import schema
 from pgbus_workflows.models import FanOutJob, WorkflowEvent, WorkflowRun, WorkflowSignal, WorkflowStep
@@ -61,20 +61,25 @@ def test_the_comparison_sees_an_index_on_other_columns():
 
 
 def test_the_due_index_swap_runs_both_ways_and_picks_up_where_a_failed_run_stopped():
-    swap = importlib.import_module("pgbus_workflows.migrations.0021_parked_steps")  # the latest swap
+    swap = importlib.import_module("pgbus_workflows.migrations.0027_due_time_statistics")  # the latest swap
     with connection.schema_editor(atomic=False) as editor:
-        schema.replace_index(editor, WorkflowStep, swap.NEW_DUE, swap.OLD_DUE)  # migrating back to 0020
+        swap.backwards(apps, editor)  # migrating back to 0026
     assert [str(d) for d in schema.differences(connection, MODELS)] == [
-        "pgbus_workflows_workflowstep.pgbus_wf_step_due: index columns differ: (priority, held, scheduled_at, id)"
+        "pgbus_workflows_workflowstep.pgbus_wf_step_due: index columns differ:"
+        " (priority, held, parked, scheduled_at, id)",
+        "pgbus_workflows_workflowstep.pgbus_wf_step_due_at: statistics missing",
     ]
-    interim = models.Index(fields=swap.NEW_DUE.fields, condition=swap.NEW_DUE.condition, name="pgbus_wf_step_due_next")
+    interim = swap.NEW_DUE.clone()
+    interim.name = "pgbus_wf_step_due_next"
     with connection.schema_editor(atomic=False) as editor:
         schema.create_index(editor, WorkflowStep, interim)  # a run that stopped once it had built the new one
-        schema.replace_index(editor, WorkflowStep, swap.OLD_DUE, swap.NEW_DUE)
+        swap.forwards(apps, editor)
     assert schema.differences(connection, MODELS) == []
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_class WHERE relname = 'pgbus_wf_step_due_next'")
         assert cursor.fetchone() == (0,)
+        cursor.execute("SELECT pg_get_indexdef('pgbus_wf_step_due'::regclass)")
+        assert "THEN scheduled_at" in cursor.fetchone()[0]
 
 
 def test_the_pipeline_index_swap_runs_both_ways():

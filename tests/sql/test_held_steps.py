@@ -156,17 +156,19 @@ def test_the_sweep_releases_a_hold_that_code_older_than_the_flag_left_on_a_resum
     assert Sweeper().run(clock.now())["stray_holds"] == 0
 
 
-def test_a_claim_of_code_older_than_held_still_reads_the_due_index():
+@pytest.mark.parametrize("held_and_parked", ["", "AND NOT s.held AND NOT s.parked "])
+def test_a_claim_of_code_older_than_the_due_index_still_reads_it(held_and_parked):
     # A rolling deploy: a dispatcher still on the code before 0011 reads each priority's due
-    # range without ``held``. The new index serves it by its priority (a slower range, sorted),
-    # never by reading the steps table.
+    # range without ``held``; one on the code before 0027, by ``scheduled_at`` itself. The new
+    # index serves both by its priority (a slower range, sorted), never by reading the steps table.
     # Due a minute ago: the steps were scheduled by the engine's clock, which may read a few ms
     # ahead of the server's now() the older statement compares with (half a round trip's error).
     NoOp3.start_many([{} for _ in range(50)])
     WorkflowStep.objects.update(scheduled_at=F("scheduled_at") - timedelta(minutes=1))
     older = (
         "SELECT s.id FROM pgbus_workflows_workflowstep s WHERE s.priority = 0 AND s.status = 'scheduled' "
-        "AND s.scheduled_at <= now() ORDER BY s.scheduled_at, s.id LIMIT 5 FOR UPDATE OF s SKIP LOCKED"
+        f"{held_and_parked}AND s.scheduled_at <= now() ORDER BY s.scheduled_at, s.id LIMIT 5 "
+        "FOR UPDATE OF s SKIP LOCKED"
     )
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"SELECT {INDEX_PLANS}")

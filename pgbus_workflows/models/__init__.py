@@ -30,12 +30,13 @@ from .records import (
     WorkflowSignal,
 )
 from .rollups import WorkflowRollupMark, WorkflowRunHour, WorkflowStepHour
-from .runs import UNSUCCESSFUL_STEP, WorkflowRun, WorkflowRunQuerySet, WorkflowStep, WorkflowStepQuerySet
+from .runs import DUE_AT, UNSUCCESSFUL_STEP, WorkflowRun, WorkflowRunQuerySet, WorkflowStep, WorkflowStepQuerySet
 from .schedules import ScheduleEvent, WorkflowSchedule
 from .tasks import TASK_CLASS_PREFIX, DjangoTask
 
 __all__ = [
     "ACTIVE_STEP",
+    "DUE_AT",
     "EVENT_KINDS",
     "NOTABLE_EVENT_KINDS",
     "ONGOING_RUN",

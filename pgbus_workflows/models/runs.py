@@ -30,6 +30,10 @@ from .reading import ReadingQuerySet
 #: Attempts that ended other than completed: rare next to completed ones, so a partial index
 #: on them serves the steps list's status filter (a completed attempt is found by walking the ids).
 UNSUCCESSFUL_STEP = (StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED)
+#: A scheduled attempt's due time, NULL for any other: what the due index is keyed on, with
+#: statistics of its own (``sql.due``), so a query of due steps is estimated from the scheduled
+#: attempts alone, never from the whole history's ``scheduled_at``.
+DUE_AT = Case(When(status=StepStatus.SCHEDULED, then=F("scheduled_at")))
 
 
 class WorkflowRunQuerySet(ReadingQuerySet["WorkflowRun"]):
@@ -302,7 +306,7 @@ class WorkflowStep(models.Model):
                 F("priority"),
                 F("held"),
                 F("parked"),
-                Case(When(status=StepStatus.SCHEDULED, then=F("scheduled_at"))),
+                DUE_AT,
                 F("id"),
                 condition=Q(status=StepStatus.SCHEDULED),
                 name="pgbus_wf_step_due",

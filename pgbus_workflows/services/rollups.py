@@ -167,9 +167,10 @@ def attempt_cells(workflow_class: str | None = None, **finished: datetime) -> di
         )
     )
     cells: dict[tuple[str, str, datetime], Cell] = {}
-    for row in rows:
-        cell = cells.setdefault((row["run_class"], row["step_name"], row["hour"]), Cell())
-        cell.add(_cell_of(dict(row)))
+    with sql.uncompiled(rows.db):
+        for row in rows:
+            cell = cells.setdefault((row["run_class"], row["step_name"], row["hour"]), Cell())
+            cell.add(_cell_of(dict(row)))
     return cells
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from django.db.models import Count
 from django.db.models.functions import Trunc
 
+from .. import sql
 from ..models import WorkflowRun, WorkflowRunHour, WorkflowStep
 from ..states import TERMINAL_RUN, RunStatus
 
@@ -50,10 +51,6 @@ def run_funnels(**runs: Any) -> dict[tuple[str, datetime], Funnel]:
     """
     found: dict[tuple[str, datetime], Funnel] = {}
     at = WorkflowRun.objects.filter(**runs).annotate(hour=Trunc("started_at", "hour", tzinfo=UTC)).order_by()
-    for row in at.values("workflow_class", "hour", "current_step", "status").annotate(n=Count("*")):
-        found.setdefault((row["workflow_class"], row["hour"]), Funnel()).at[(row["current_step"], row["status"])] += (
-            row["n"]
-        )
     attempts = WorkflowStep.objects.filter(**{f"run__{lookup}": value for lookup, value in runs.items()})
     rows = (
         attempts.annotate(hour=Trunc("run__started_at", "hour", tzinfo=UTC))
@@ -61,9 +58,13 @@ def run_funnels(**runs: Any) -> dict[tuple[str, datetime], Funnel]:
         .values("run__workflow_class", "hour", "step_name")
         .annotate(n=Count("run_id", distinct=True))
     )
-    for reached in rows:
-        key = (reached["run__workflow_class"], reached["hour"])
-        found.setdefault(key, Funnel()).reached[reached["step_name"]] += reached["n"]
+    with sql.uncompiled(at.db):
+        for row in at.values("workflow_class", "hour", "current_step", "status").annotate(n=Count("*")):
+            key = (row["workflow_class"], row["hour"])
+            found.setdefault(key, Funnel()).at[(row["current_step"], row["status"])] += row["n"]
+        for reached in rows:
+            key = (reached["run__workflow_class"], reached["hour"])
+            found.setdefault(key, Funnel()).reached[reached["step_name"]] += reached["n"]
     return found
 
 

@@ -12,7 +12,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from pgbus_workflows.dispatcher.sweep import Sweeper
@@ -20,8 +20,11 @@ from pgbus_workflows.models import WorkflowRollupMark, WorkflowRun, WorkflowStep
 from pgbus_workflows.services import rollups
 from pgbus_workflows.services.insights import WINDOWS, class_insights
 from tests.services.test_insights import Onboarding, run_all
+from tests.sql.test_query_plans import executed_plans
 from tests.testapp.models import Order
 from tests.threads import Worker
+
+__all__ = ["executed_plans"]  # the fixture, used by name
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,3 +195,18 @@ def test_the_dashboards_last_hour_read_from_the_rollup_is_read_from_the_attempts
     roll_until(rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR, now)
 
     assert [_recent_steps(admin.site, at) for at in moments] == raw
+
+
+def test_insights_reads_of_attempts_and_runs_are_never_jit_compiled(history, executed_plans):
+    # Their estimates pass jit_above_cost behind a busy hour: compiling one took 190 ms, where
+    # reading its 80,000 attempts took 160 ms (docs/benchmarks.md, "Tens of millions of rows").
+    executed_plans.clear()
+    figures(history, "24h")
+
+    by_hour = [plan for plan in executed_plans if "DATE_TRUNC" in plan.split("\n")[1]]  # its query text
+    reads = [plan for plan in by_hour if "pgbus_workflows_workflowstep" in plan]
+    assert len(reads) >= 2, executed_plans  # the attempts at the window's edge, the funnel's steps
+    assert all("jit = 'off'" in plan for plan in reads), [p[:900] for p in reads if "jit = 'off'" not in p]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone()[0] == "on"  # each read's transaction's own setting

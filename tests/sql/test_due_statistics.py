@@ -1,4 +1,4 @@
-"""Behind a long finished history, a claim reads its due range, never the steps waiting for later.
+"""Behind a long history, a claim reads its due range, never the steps waiting for later; the gauge too.
 
 ``scheduled_at``'s statistics cover every attempt ever made. With most of them finished, all
 due in the past, PostgreSQL expected nearly every step waiting days to be due, and a
@@ -12,14 +12,16 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import Count
 from psycopg import sql as psql
 
 from bench.scale_fill import Copies, copy_run
 from pgbus_workflows import sql
 from pgbus_workflows.models import WorkflowStep
+from pgbus_workflows.services.stuck import stuck_querysets
 from pgbus_workflows.sql import clock
 from pgbus_workflows.sql.counting import oldest_due_at
-from tests.sql.test_query_plans import TABLES, executed_plans, run_steps_as_a_worker, start_elsewhere
+from tests.sql.test_query_plans import TABLES, executed_plans, nodes, run_steps_as_a_worker, start_elsewhere
 from tests.testapp.workflows import ThreeSteps, Waits
 
 __all__ = ["executed_plans"]  # the fixture, used by name
@@ -68,3 +70,31 @@ def test_a_prepared_claim_and_the_oldest_due_step_read_the_due_index_behind_a_lo
     (plan,) = [plan for plan in executed_plans if "WITH RECURSIVE priorities(p)" in plan]
     assert "Index Scan using pgbus_wf_step_due" in plan and "pgbus_wf_one_active_step_per_run" not in plan, plan
     assert due is not None and clock.now() - due < timedelta(minutes=1)
+
+
+def test_the_gauges_overdue_runs_are_read_from_the_overdue_steps_not_from_every_ready_run():
+    # Ready runs waiting days behind a history of attempts all due in the past: reading each
+    # one's step cost 1.4 s behind 1,000,000 of them and 10,000,000 finished runs.
+    finished, waiting = ThreeSteps.start(), Waits.start()
+    run_steps_as_a_worker()
+    copy_run(Copies(finished.record.pk, 20_000, "history", spread_seconds=10 * 86400))
+    copy_run(Copies(waiting.record.pk, 5_000, Waits.name, spread_seconds=3600, due_in_seconds=3 * 86400))
+    WorkflowStep.objects.filter(run=waiting.record, status="scheduled").update(
+        scheduled_at=clock.now() + timedelta(days=3)
+    )
+    late = [ThreeSteps.start() for _ in range(3)]
+    WorkflowStep.objects.filter(run__in=[wf.record for wf in late]).update(
+        scheduled_at=clock.now() - timedelta(hours=1)
+    )
+    with connection.cursor() as cursor:
+        for name in TABLES:
+            cursor.execute(psql.SQL("ANALYZE {}").format(psql.Identifier(name)).as_string(None))
+    overdue = stuck_querysets(clock.now())["overdue"].values_list("workflow_class").annotate(n=Count("pk")).order_by()
+
+    text, params = overdue.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+    walked = [(n["Node Type"], n.get("Index Name"), n["Actual Rows"] * n["Actual Loops"]) for n in nodes(plan)]
+    assert max(rows for _, _, rows in walked) < 1000, walked
+    assert list(overdue) == [(ThreeSteps.name, 3)]

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from pgbus_workflows import sql
 from pgbus_workflows.dsl.declared import registry
@@ -40,6 +41,31 @@ def _prepares_nothing_after():
 def order(db):
     """A saved Order to be the subject of a run."""
     return Order.objects.create()
+
+
+@pytest.fixture
+def executed_plans():
+    """The plans of the statements the block executes on Django's connection (``auto_explain``, sent as notices)."""
+    plans: list[str] = []
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        cursor.execute("SET auto_explain.log_min_duration = 0")
+        cursor.execute("SET auto_explain.log_level = 'notice'")
+        cursor.execute("SET auto_explain.log_settings = on")  # the planner settings that differ from the defaults
+
+    def handler(notice):
+        plans.append(notice.message_primary)
+
+    connection.connection.add_notice_handler(handler)
+    try:
+        yield plans
+    finally:
+        connection.connection.remove_notice_handler(handler)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET auto_explain.log_min_duration")
+            cursor.execute("RESET auto_explain.log_level")
+            cursor.execute("RESET auto_explain.log_settings")
+            cursor.execute("RESET auto_explain.log_format")
 
 
 @pytest.fixture

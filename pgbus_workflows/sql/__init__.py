@@ -77,7 +77,8 @@ def uncompiled(using: str) -> Iterator[None]:
 
     For the operator's reads of many rows (insights' attempts at a window's edge): their
     estimates pass ``jit_above_cost``, and compiling one took 190 ms where reading its 80,000
-    attempts took 160 ms. Allowed on a replica too.
+    attempts took 160 ms. Allowed on a replica too. Inside a caller's transaction (a savepoint
+    then), the setting lasts until that transaction ends.
     """
     with transaction.atomic(using=using):
         if connections[using].vendor == "postgresql":

@@ -20,11 +20,8 @@ from pgbus_workflows.models import WorkflowRollupMark, WorkflowRun, WorkflowStep
 from pgbus_workflows.services import rollups
 from pgbus_workflows.services.insights import WINDOWS, class_insights
 from tests.services.test_insights import Onboarding, run_all
-from tests.sql.test_query_plans import executed_plans
 from tests.testapp.models import Order
 from tests.threads import Worker
-
-__all__ = ["executed_plans"]  # the fixture, used by name
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

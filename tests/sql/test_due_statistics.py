@@ -21,14 +21,19 @@ from pgbus_workflows.models import WorkflowStep
 from pgbus_workflows.services.stuck import stuck_querysets
 from pgbus_workflows.sql import clock
 from pgbus_workflows.sql.counting import oldest_due_at
-from tests.sql.test_query_plans import TABLES, executed_plans, nodes, run_steps_as_a_worker, start_elsewhere
+from tests.sql.test_query_plans import TABLES, nodes, run_steps_as_a_worker, start_elsewhere
 from tests.testapp.workflows import ThreeSteps, Waits
-
-__all__ = ["executed_plans"]  # the fixture, used by name
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FINISHED, WAITING = 10_000, 1_000  # enough for the walk: 1,000 rows filtered out per priority
+
+
+def analysed() -> None:
+    """The runs' and the steps' statistics made fresh, as autovacuum would."""
+    with connection.cursor() as cursor:
+        for name in TABLES:
+            cursor.execute(psql.SQL("ANALYZE {}").format(psql.Identifier(name)).as_string(None))
 
 
 def long_history() -> None:
@@ -40,9 +45,7 @@ def long_history() -> None:
     copy_run(Copies(waiting.record.pk, WAITING, Waits.name, spread_seconds=3600, due_in_seconds=3 * 86400))
     later = WorkflowStep.objects.filter(run=waiting.record, status="scheduled")
     later.update(scheduled_at=clock.now() + timedelta(days=3))  # the template waits with its copies
-    with connection.cursor() as cursor:
-        for name in TABLES:
-            cursor.execute(psql.SQL("ANALYZE {}").format(psql.Identifier(name)).as_string(None))
+    analysed()
 
 
 def test_a_prepared_claim_and_the_oldest_due_step_read_the_due_index_behind_a_long_history(monkeypatch, executed_plans):
@@ -86,9 +89,7 @@ def test_the_gauges_overdue_runs_are_read_from_the_overdue_steps_not_from_every_
     WorkflowStep.objects.filter(run__in=[wf.record for wf in late]).update(
         scheduled_at=clock.now() - timedelta(hours=1)
     )
-    with connection.cursor() as cursor:
-        for name in TABLES:
-            cursor.execute(psql.SQL("ANALYZE {}").format(psql.Identifier(name)).as_string(None))
+    analysed()
     overdue = stuck_querysets(clock.now())["overdue"].values_list("workflow_class").annotate(n=Count("pk")).order_by()
 
     text, params = overdue.query.sql_with_params()

@@ -102,31 +102,6 @@ def test_what_on_delete_looks_up_by_a_nullable_key_is_served_by_its_partial_inde
     assert ("Index Scan", index) in kinds, kinds
 
 
-@pytest.fixture
-def executed_plans():
-    """The plans of the statements the block executes on Django's connection (``auto_explain``, sent as notices)."""
-    plans: list[str] = []
-    with connection.cursor() as cursor:
-        cursor.execute("LOAD 'auto_explain'")
-        cursor.execute("SET auto_explain.log_min_duration = 0")
-        cursor.execute("SET auto_explain.log_level = 'notice'")
-        cursor.execute("SET auto_explain.log_settings = on")  # the planner settings that differ from the defaults
-
-    def handler(notice):
-        plans.append(notice.message_primary)
-
-    connection.connection.add_notice_handler(handler)
-    try:
-        yield plans
-    finally:
-        connection.connection.remove_notice_handler(handler)
-        with connection.cursor() as cursor:
-            cursor.execute("RESET auto_explain.log_min_duration")
-            cursor.execute("RESET auto_explain.log_level")
-            cursor.execute("RESET auto_explain.log_settings")
-            cursor.execute("RESET auto_explain.log_format")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_of_its_own_is_planned_without_bitmap_scans_and_one_in_the_callers_transaction_as_it_comes(
     executed_plans,

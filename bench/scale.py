@@ -113,11 +113,12 @@ def settle() -> None:
     """The history rolled up as the sweep would have, and the tables vacuumed and analysed as autovacuum would."""
     from django.db import connection
 
-    from pgbus_workflows.models import WorkflowEvent, WorkflowRun, WorkflowRunHour, WorkflowStep, WorkflowStepHour
+    from pgbus_workflows import models
 
     roll_up_history()
+    rolled = (models.WorkflowStepHour, models.WorkflowStepSpan, models.WorkflowRunHour, models.WorkflowRunSpan)
     with connection.cursor() as cursor:  # autocommit: VACUUM cannot run in a transaction
-        for model in (WorkflowRun, WorkflowStep, WorkflowEvent, WorkflowStepHour, WorkflowRunHour):
+        for model in (models.WorkflowRun, models.WorkflowStep, models.WorkflowEvent, *rolled):
             cursor.execute(f"VACUUM ANALYZE {model._meta.db_table}")
 
 
@@ -147,13 +148,13 @@ def rolled_up_as_the_sweep_would_have() -> None:
 
 def roll_up_history(within: float = 3600.0) -> None:
     """Roll the copied history up as the sweep would have (``services.rollups``), waiting at most ``within`` seconds."""
-    from pgbus_workflows.services import rollups
+    from pgbus_workflows.services import periods, rollups
     from pgbus_workflows.services.run_hours import RUN_MARK
     from pgbus_workflows.sql import clock
 
     def behind() -> bool:  # either rollup (the attempts', the runs') short of the last whole hour
         marks = [rollups.rolled_until(mark) for mark in (rollups.MARK, RUN_MARK)]
-        return any(until is None or until < rollups.floor_hour(clock.now() - rollups.SETTLE) for until in marks)
+        return any(until is None or until < periods.floor_hour(clock.now() - rollups.SETTLE) for until in marks)
 
     deadline = time.monotonic() + within
     rollups.roll_up(clock.now())  # the first checkpoints

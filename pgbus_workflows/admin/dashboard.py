@@ -155,7 +155,8 @@ def _recent_steps(site: AdminSite, now: datetime) -> dict[str, Any]:
     """Attempts completed and failed in the last hour, by class, each linked to the steps list.
 
     On PostgreSQL read as insights read step performance (``services.rollups.window_cells``: the
-    rolled-up hours and the window's edges), so the cost does not grow with the hour's volume.
+    rolled-up hours and spans, and the attempts at the window's edges), so the cost does not grow
+    with the hour's volume.
     """
     kinds = (StepStatus.COMPLETED, StepStatus.FAILED)
     counts: dict[tuple[str, str], int] = {}

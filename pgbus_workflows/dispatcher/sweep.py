@@ -34,9 +34,10 @@ is logged and retried next time without stopping the others):
   runs older than ``RETENTION`` are deleted in batches of 500, for at most five seconds a sweep;
   their steps, events, signals and jobs go with them (``ON DELETE CASCADE`` in the database).
 - ``rollups``: the attempts finished up to a settled checkpoint (no transaction that could
-  still commit one before it is open) are added to their class's, step's and hour's counts for
-  insights (``services.rollups``), for at most five seconds a sweep; hours older than
-  ``RETENTION`` go.
+  still commit one before it is open) are added to their class's, step's, hour's and
+  five-minute span's counts for insights (``services.rollups``), for at most five seconds a
+  sweep, and the runs ended to the funnel's; hours older than ``RETENTION`` go, spans after
+  seven days and an hour.
 - ``gauge``: runs by class and status and by class and stuck reason, zero-filled over
   every registered class, sent as the ``workflow_gauge`` Django signal (the read model is
   ``services.stuck``; retention's deletes are ``services.retention``).

@@ -29,7 +29,7 @@ from .records import (
     WorkflowEvent,
     WorkflowSignal,
 )
-from .rollups import WorkflowRollupMark, WorkflowRunHour, WorkflowStepHour
+from .rollups import WorkflowRollupMark, WorkflowRunHour, WorkflowRunSpan, WorkflowStepHour, WorkflowStepSpan
 from .runs import DUE_AT, UNSUCCESSFUL_STEP, WorkflowRun, WorkflowRunQuerySet, WorkflowStep, WorkflowStepQuerySet
 from .schedules import ScheduleEvent, WorkflowSchedule
 from .tasks import TASK_CLASS_PREFIX, DjangoTask
@@ -63,9 +63,11 @@ __all__ = [
     "WorkflowRun",
     "WorkflowRunHour",
     "WorkflowRunQuerySet",
+    "WorkflowRunSpan",
     "WorkflowSchedule",
     "WorkflowSignal",
     "WorkflowStep",
     "WorkflowStepHour",
     "WorkflowStepQuerySet",
+    "WorkflowStepSpan",
 ]

@@ -33,9 +33,11 @@ from ..dsl.declared import registry
 from ..models import WorkflowRun, WorkflowStep
 from ..sql import clock
 from ..states import ONGOING_RUN, TERMINAL_RUN, RunStatus, StepStatus
-from . import rollups
+from . import periods, rollups
+from .attempt_cells import ENDINGS as CELL_ENDINGS
+from .attempt_cells import Cell
 from .limiting import held_back_counts
-from .run_hours import RUN_MARK, Funnel, hour_funnel, run_funnels
+from .run_hours import RUN_MARK, Funnel, hour_funnel, run_funnels, span_funnel
 
 #: The windows an operator may pick, by the label the page and the MCP tool take.
 WINDOWS: dict[str, timedelta] = {
@@ -125,11 +127,11 @@ def _performance(workflow_class: str, since: datetime, now: datetime) -> list[di
     return [_cell_row(step_name, cell) for (_, step_name), cell in cells.items() if cell.attempts]
 
 
-def _cell_row(step_name: str, cell: rollups.Cell) -> dict[str, Any]:
+def _cell_row(step_name: str, cell: Cell) -> dict[str, Any]:
     return {
         "step": step_name,
         "attempts": cell.attempts,
-        **{str(status): getattr(cell, name) for name, status in rollups.ENDINGS.items()},
+        **{str(status): getattr(cell, name) for name, status in CELL_ENDINGS.items()},
         "reattempts": cell.reattempts,
         "failure_rate": cell.failed / cell.attempts,
         "reattempt_rate": cell.reattempts / cell.attempts,
@@ -192,10 +194,11 @@ def _performance_row(row: dict[str, Any]) -> dict[str, Any]:
 def _funnel(workflow_class: str, since: datetime, now: datetime) -> dict[str, Any]:
     """How many runs the window started, where each is now, and which steps each reached.
 
-    On PostgreSQL, once the runs' rollup has begun and retention deletes no run of the window:
-    the rolled-up hours of the window's starts (the first hour's part outside the window taken
-    off, or its part inside added, whichever is shorter; the runs started after ``now`` in its
-    last hour taken off), then the window's ongoing runs and those ended since the rollup's end.
+    On PostgreSQL, once the runs' rollup has passed ``since`` and retention deletes no run of
+    the window: the rolled-up hours and spans of the window's starts (``periods.window_start``:
+    the ended runs between the nearest span boundary and ``since`` added or taken off; the runs
+    started after ``now`` in its last hour taken off), then the window's ongoing runs and those
+    ended since the rollup's end.
     """
     counted = _funnel_counts(workflow_class, since, now)
     at: dict[str, dict[str, int]] = {}
@@ -206,20 +209,26 @@ def _funnel(workflow_class: str, since: datetime, now: datetime) -> dict[str, An
 
 
 def _funnel_counts(workflow_class: str, since: datetime, now: datetime) -> Funnel:
+    return rollups.consistent(RUN_MARK, lambda reached: _funnel_read(workflow_class, since, now, *reached))
+
+
+def _funnel_read(
+    workflow_class: str, since: datetime, now: datetime, until: datetime | None, spans_from: datetime | None
+) -> Funnel:
     window = {"workflow_class": workflow_class, "started_at__gt": since, "started_at__lte": now}
-    until = rollups.rolled_until(RUN_MARK)
-    first, ceiling, last = rollups.floor_hour(since), rollups.ceil_hour(since), rollups.floor_hour(now)
-    kept = settings.RETENTION is None or first >= clock.now() - settings.RETENTION
-    if not sql.postgresql() or until is None or not kept:
+    last = periods.floor_hour(now)
+    kept = settings.RETENTION is None or periods.floor_hour(since) >= clock.now() - settings.RETENTION
+    if not sql.postgresql() or until is None or not since < until or not kept:
         return _total(**window)
     ended = {"workflow_class": workflow_class, "status__in": sorted(TERMINAL_RUN), "status_changed_at__lt": until}
-    if since - first <= ceiling - since:
-        counted = hour_funnel(workflow_class, first, last)
-        counted.add(_total(**ended, started_at__gte=first, started_at__lte=since), -1)
-    else:
-        counted = hour_funnel(workflow_class, ceiling, last)
-        counted.add(_total(**ended, started_at__gt=since, started_at__lt=ceiling))
-    counted.add(_total(**ended, started_at__gt=now, started_at__lt=last + rollups.HOUR), -1)
+    start = periods.window_start(since, until, spans_from)
+    counted = hour_funnel(workflow_class, start.hour, last)
+    if spans := start.spans():
+        first, final, sign = spans
+        counted.add(span_funnel(workflow_class, first, final), sign)
+    rows, sign = start.rows()
+    counted.add(_total(**ended, **{f"started_at__{op}": moment for op, moment in rows.items()}), sign)
+    counted.add(_total(**ended, started_at__gt=now, started_at__lt=last + periods.HOUR), -1)
     counted.add(_total(**window, status__in=sorted(ONGOING_RUN)))
     counted.add(_total(**window, status__in=sorted(TERMINAL_RUN), status_changed_at__gte=until))
     return counted

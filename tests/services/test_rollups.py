@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from pgbus_workflows.dispatcher.sweep import Sweeper
 from pgbus_workflows.models import WorkflowRollupMark, WorkflowRun, WorkflowStep, WorkflowStepHour
-from pgbus_workflows.services import rollups
+from pgbus_workflows.services import attempt_cells, periods, rollups
 from pgbus_workflows.services.insights import WINDOWS, class_insights
 from tests.services.test_insights import Onboarding, run_all
 from tests.testapp.models import Order
@@ -67,11 +67,11 @@ def test_insights_read_from_the_rollup_are_those_read_from_the_attempts(history,
     raw = figures(now, window)
     assert WorkflowRollupMark.objects.count() == 0
 
-    roll_until(rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR, now)
+    roll_until(periods.floor_hour(now - rollups.SETTLE) - periods.HOUR, now)
 
     assert WorkflowStepHour.objects.filter(workflow_class=CLASS).exists()
     assert figures(now, window) == raw
-    next_hour = rollups.floor_hour(now) + rollups.HOUR
+    next_hour = periods.floor_hour(now) + periods.HOUR
     moments = [next_hour, next_hour + timedelta(minutes=10), next_hour + timedelta(minutes=50)]
     with_rollup = [figures(at, window) for at in moments]
     WorkflowRollupMark.objects.all().delete()
@@ -79,7 +79,7 @@ def test_insights_read_from_the_rollup_are_those_read_from_the_attempts(history,
 
 
 def test_the_hours_rolled_up_count_every_attempt_finished_in_them(history):
-    roll_until(rollups.floor_hour(history - rollups.SETTLE) - rollups.HOUR, history)
+    roll_until(periods.floor_hour(history - rollups.SETTLE) - periods.HOUR, history)
     until = rollups.rolled_until()
 
     rolled = sum(WorkflowStepHour.objects.values_list("attempts", flat=True))
@@ -90,7 +90,7 @@ def test_the_hours_rolled_up_count_every_attempt_finished_in_them(history):
             run__workflow_class=row.workflow_class,
             step_name=row.step_name,
             finished_at__gte=row.hour,
-            finished_at__lt=row.hour + rollups.HOUR,
+            finished_at__lt=row.hour + periods.HOUR,
         )
         assert row.attempts == ended.count()
         assert row.failed == ended.filter(status="failed").count()
@@ -101,7 +101,7 @@ def test_the_hours_rolled_up_count_every_attempt_finished_in_them(history):
 def test_an_outcome_that_commits_late_is_rolled_up(history):
     """A transaction open at a checkpoint holds the rollup back until it ends: its attempt is counted."""
     now = history
-    late_hour = rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR
+    late_hour = periods.floor_hour(now - rollups.SETTLE) - periods.HOUR
     run = WorkflowRun.objects.order_by("pk").first()
     locked, release = threading.Event(), threading.Event()
 
@@ -133,9 +133,9 @@ def test_an_outcome_that_commits_late_is_rolled_up(history):
 def test_the_hour_going_on_is_added_to_sweep_by_sweep(history):
     """Attempts of an hour rolled up in part are added to its rows once, at a later checkpoint."""
     now = history
-    roll_until(rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR, now)
+    roll_until(periods.floor_hour(now - rollups.SETTLE) - periods.HOUR, now)
     before = {(r.step_name, r.hour): r.attempts for r in WorkflowStepHour.objects.all()}
-    hour = rollups.floor_hour(rollups.rolled_until())
+    hour = periods.floor_hour(rollups.rolled_until())
     later = rollups.rolled_until() + timedelta(seconds=30)
     WorkflowStep.objects.filter(step_name="confirm").update(
         status="completed", started_at=later - timedelta(seconds=2), finished_at=later
@@ -144,10 +144,10 @@ def test_the_hour_going_on_is_added_to_sweep_by_sweep(history):
     roll_until(rollups.rolled_until(), now + timedelta(minutes=5))
 
     confirmed = WorkflowStep.objects.filter(step_name="confirm").count()
-    assert WorkflowStepHour.objects.get(step_name="confirm", hour=rollups.floor_hour(later)).attempts == confirmed
+    assert WorkflowStepHour.objects.get(step_name="confirm", hour=periods.floor_hour(later)).attempts == confirmed
     after = {(r.step_name, r.hour): r.attempts for r in WorkflowStepHour.objects.exclude(step_name="confirm")}
     assert after == {key: n for key, n in before.items() if key[0] != "confirm"}
-    assert hour <= rollups.floor_hour(later)
+    assert hour <= periods.floor_hour(later)
 
 
 def figures_from_attempts(now):
@@ -156,7 +156,7 @@ def figures_from_attempts(now):
 
 
 def test_hours_older_than_retention_are_deleted(history):
-    roll_until(rollups.floor_hour(history - rollups.SETTLE) - rollups.HOUR, history)
+    roll_until(periods.floor_hour(history - rollups.SETTLE) - periods.HOUR, history)
     assert WorkflowStepHour.objects.exists()
 
     rollups.roll_up(history + timedelta(days=30, hours=1, minutes=5), max_seconds=0)
@@ -173,10 +173,10 @@ def test_the_sweep_runs_the_rollup_phase(history):
 
 @pytest.mark.parametrize("seconds", [0.0005, 0.001, 0.0123, 1.0, 2.5, 61.0, 86400.0])
 def test_a_duration_falls_in_the_bucket_whose_bounds_hold_it(seconds):
-    low, high = rollups.bucket_bounds(rollups.bucket(seconds))
+    low, high = attempt_cells.bucket_bounds(attempt_cells.bucket(seconds))
 
     assert low <= seconds < high
-    assert low == 0 or high / low == pytest.approx(2 ** (1 / rollups.BUCKETS_PER_DOUBLING))
+    assert low == 0 or high / low == pytest.approx(2 ** (1 / attempt_cells.BUCKETS_PER_DOUBLING))
 
 
 def test_the_dashboards_last_hour_read_from_the_rollup_is_read_from_the_attempts(history):
@@ -189,7 +189,7 @@ def test_the_dashboards_last_hour_read_from_the_rollup_is_read_from_the_attempts
     raw = [_recent_steps(admin.site, at) for at in moments]
     assert sum(cell["count"] for cell in raw[0]["totals"]) > 0
 
-    roll_until(rollups.floor_hour(now - rollups.SETTLE) - rollups.HOUR, now)
+    roll_until(periods.floor_hour(now - rollups.SETTLE) - periods.HOUR, now)
 
     assert [_recent_steps(admin.site, at) for at in moments] == raw
 

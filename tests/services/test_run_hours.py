@@ -16,7 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from pgbus_workflows.models import WorkflowRollupMark, WorkflowRun, WorkflowRunHour, WorkflowStep
-from pgbus_workflows.services import rollups
+from pgbus_workflows.services import periods, rollups
 from pgbus_workflows.services.insights import WINDOWS, class_insights
 from pgbus_workflows.services.run_hours import RUN_MARK
 from pgbus_workflows.states import TERMINAL_RUN
@@ -78,7 +78,7 @@ def funnel_from_runs(now, window):
 
 def moments(now):
     """The fixture's time, times before it (rolled-up runs started after them), times early and late next hour."""
-    next_hour = rollups.floor_hour(now) + rollups.HOUR
+    next_hour = periods.floor_hour(now) + periods.HOUR
     earlier = [now - timedelta(minutes=minutes) for minutes in (3, 20, 50, 100)]
     return [now, *earlier, next_hour, next_hour + timedelta(minutes=10), next_hour + timedelta(minutes=50)]
 
@@ -104,7 +104,7 @@ def test_the_rows_count_every_run_ended_before_the_rollups_end(history):
     assert sum(WorkflowRunHour.objects.values_list("finished", flat=True)) == ended.filter(status="finished").count()
     assert sum(WorkflowRunHour.objects.values_list("cancelled", flat=True)) == ended.filter(status="cancelled").count()
     for row in WorkflowRunHour.objects.all():
-        started = ended.filter(started_at__gte=row.hour, started_at__lt=row.hour + rollups.HOUR)
+        started = ended.filter(started_at__gte=row.hour, started_at__lt=row.hour + periods.HOUR)
         reached = WorkflowStep.objects.filter(run__in=started, step_name=row.step_name).values("run_id").distinct()
         assert row.reached == reached.count()
     assert not ended.filter(status_changed_at__gte=history - timedelta(seconds=30)).exists()  # the late run waits

